@@ -1,0 +1,1 @@
+"""FilterForward cloud service."""

@@ -1,0 +1,1 @@
+"""FilterForward edge node runtime: sources, base DNN, MC bank, smoothing, encoding, sinks."""

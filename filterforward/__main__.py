@@ -1,0 +1,5 @@
+import sys
+
+from filterforward.cli import main
+
+sys.exit(main())

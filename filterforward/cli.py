@@ -1,0 +1,47 @@
+"""`filterforward`: one command, a subcommand per job. Subcommands import their heavy modules lazily."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from models.errors import FilterForwardError
+
+# Each module in filterforward.commands exposes register(subparsers) and sets a `func` default.
+COMMANDS = ("demo", "dataset", "models", "train", "eval", "edge")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="filterforward",
+        description="Edge video filtering: one shared base DNN per frame, many tiny microclassifiers, "
+        "only the frames your applications care about leave the edge.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"filterforward.commands.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except FilterForwardError as exc:
+        print(f"filterforward {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

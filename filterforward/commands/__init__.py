@@ -1,0 +1,1 @@
+"""Subcommands of `filterforward`, one module each."""

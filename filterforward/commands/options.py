@@ -1,0 +1,30 @@
+"""Parsers for command-line values shared by several subcommands."""
+
+from __future__ import annotations
+
+from models.errors import FilterForwardError
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """'768x448' -> (768, 448)."""
+    try:
+        width, height = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise FilterForwardError(f"size {text!r} is not WIDTHxHEIGHT, e.g. 768x448") from None
+    if width <= 0 or height <= 0:
+        raise FilterForwardError(f"size {text!r} must be positive, e.g. 768x448")
+    return width, height
+
+
+def parse_range(text: str, length: int) -> tuple[int, int]:
+    """'A:B' (either side optional, B exclusive) -> (A, B) clipped to [0, length]."""
+    try:
+        start_text, stop_text = text.split(":")
+        start = int(start_text) if start_text else 0
+        stop = int(stop_text) if stop_text else length
+    except ValueError:
+        raise FilterForwardError(f"frame range {text!r} is not START:STOP, e.g. 0:200 or 200:") from None
+    start, stop = max(0, start), min(length, stop)
+    if start >= stop:
+        raise FilterForwardError(f"frame range {text!r} selects no frames of the {length} available")
+    return start, stop

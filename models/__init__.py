@@ -1,0 +1,1 @@
+"""What edge, cloud and training share about microclassifiers: specs, architectures, datasets, training, evaluation."""

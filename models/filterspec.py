@@ -1,0 +1,58 @@
+"""The filter spec: the one contract between training, the edge's MC bank and the cloud's registry."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from models.roi import FULL_FRAME, ROI
+
+Architecture = Literal["full_frame", "localized", "windowed", "discrete"]
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+
+
+class Smoothing(BaseModel):
+    """k-of-N voting: a frame is positive when at least k of the last n scores pass the threshold."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threshold: float = Field(0.5, gt=0.0, lt=1.0)
+    k: int = Field(3, ge=1)
+    n: int = Field(5, ge=1, le=256)
+
+    @model_validator(mode="after")
+    def _k_le_n(self) -> Smoothing:
+        if self.k > self.n:
+            raise ValueError(f"smoothing needs k <= n, got k={self.k}, n={self.n}")
+        return self
+
+
+class Encoding(BaseModel):
+    """How matched frames leave the edge: one JPEG per frame, or an H.264 clip per event."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["jpeg", "clip"] = "jpeg"
+    jpeg_quality: int = Field(80, ge=10, le=100)
+
+
+class FilterSpec(BaseModel):
+    """Everything the edge needs to run one microclassifier, except its ONNX weights (stored beside it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=NAME_PATTERN)
+    event: str = Field("", description="label column the MC was trained for (informational)")
+    cameras: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    architecture: Architecture
+    tap: str = Field(min_length=1, max_length=64)
+    roi: ROI = FULL_FRAME
+    input_size: tuple[int, int] = Field(description="base-DNN input (width, height) the MC was trained at")
+    smoothing: Smoothing = Smoothing()
+    window: int = Field(5, ge=1, le=64, description="frames stacked by a windowed MC")
+    encoding: Encoding = Encoding()
+    version: int = Field(1, ge=1)
+
+    def applies_to(self, camera: str) -> bool:
+        return "*" in self.cameras or camera in self.cameras

@@ -1,0 +1,75 @@
+"""The exported base DNN: real pretrained weights, real ONNX Runtime session, right preprocessing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import skimage.data
+
+from edge.basednn import BaseDNN, pixels
+from models.errors import FilterForwardError
+
+# ImageNet class indices: 281-285 are the domestic cats; 967 espresso, 968 cup, 504 coffee mug.
+CATS = set(range(281, 286))
+COFFEE = {967, 968, 504}
+
+
+@pytest.fixture(scope="module")
+def base224() -> BaseDNN:
+    return BaseDNN((224, 224))
+
+
+def top5(base: BaseDNN, rgb: np.ndarray) -> list[int]:
+    frame = base.prepare(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
+    logits = base.run(frame, ["logits"])["logits"][0]
+    return [int(i) for i in np.argsort(-logits)[:5]]
+
+
+def test_real_photos_get_their_imagenet_class(base224: BaseDNN) -> None:
+    assert top5(base224, skimage.data.chelsea())[0] in CATS
+    assert top5(base224, skimage.data.coffee())[0] in COFFEE
+
+
+def test_channel_order_matters(base224: BaseDNN) -> None:
+    # Feeding RGB where BGR is expected changes the answer's confidence: the flip is really in the graph.
+    rgb = base224.prepare(skimage.data.chelsea())
+    bgr = base224.prepare(cv2.cvtColor(skimage.data.chelsea(), cv2.COLOR_RGB2BGR))
+    a, b = (base224.run(x, ["logits"])["logits"][0] for x in (rgb, bgr))
+    assert not np.allclose(a, b, atol=1e-3)
+
+
+def test_taps_follow_the_input_size() -> None:
+    base = BaseDNN((320, 192))
+    out = base.run(np.zeros((2, 192, 320, 3), np.uint8))
+    assert out["early"].shape == (2, 24, 48, 80)
+    assert out["mid"].shape == (2, 112, 12, 20)
+    assert out["late"].shape == (2, 320, 6, 10)
+    assert all(v.dtype == np.float32 for v in out.values())
+
+
+def test_pixels_are_normalised_nchw() -> None:
+    image = np.full((32, 64, 3), 255, np.uint8)
+    assert pixels(image).shape == (1, 3, 32, 64)
+    assert pixels(image).max() == 1.0
+
+
+def test_bad_input_size_is_explained() -> None:
+    with pytest.raises(FilterForwardError, match="multiples of 32"):
+        BaseDNN((100, 100))
+
+
+def test_missing_or_corrupt_model_is_explained(tmp_path: Path) -> None:
+    with pytest.raises(FilterForwardError, match="does not exist"):
+        BaseDNN((224, 224), tmp_path / "nope.onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx model")
+    with pytest.raises(FilterForwardError, match="does not load"):
+        BaseDNN((224, 224), bad)
+
+
+def test_unknown_tap_is_explained(base224: BaseDNN) -> None:
+    with pytest.raises(FilterForwardError, match="no tap 'conv_pw_6'"):
+        base224.run(np.zeros((224, 224, 3), np.uint8), ["conv_pw_6"])
