@@ -68,8 +68,14 @@ def export_base_model(path: Path, sample_size: tuple[int, int] = (224, 224)) -> 
     tmp = path.with_suffix(".tmp")
     log.info("exporting %s with taps %s to %s", BASE_MODEL_NAME, ", ".join(OUTPUTS), path)
     torch.onnx.export(
-        FramesToTaps().eval(), (sample,), str(tmp), input_names=[IMAGE_INPUT], output_names=list(OUTPUTS),
-        dynamic_axes=dynamic, opset_version=OPSET, dynamo=False,
+        FramesToTaps().eval(),
+        (sample,),
+        str(tmp),
+        input_names=[IMAGE_INPUT],
+        output_names=list(OUTPUTS),
+        dynamic_axes=dynamic,
+        opset_version=OPSET,
+        dynamo=False,
     )
     tmp.replace(path)  # atomic: a half-written model is never picked up from the cache
     return path

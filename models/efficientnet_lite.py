@@ -19,8 +19,15 @@ from models.taps import EFFICIENTNET_LITE0_TAPS
 
 BN_EPS = 1e-3
 # (expand ratio, kernel, stride, output channels, repeats) per stage.
-STAGES = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
-          (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))
+STAGES = (
+    (1, 3, 1, 16, 1),
+    (6, 3, 2, 24, 2),
+    (6, 5, 2, 40, 2),
+    (6, 3, 2, 80, 3),
+    (6, 5, 1, 112, 3),
+    (6, 5, 2, 192, 4),
+    (6, 3, 1, 320, 1),
+)
 # Block index after which each tap is read (see models/taps.py).
 TAP_BLOCKS = {"early": 2, "mid": 10, "late": 15}
 

@@ -1,0 +1,75 @@
+"""The edge node's YAML configuration, validated strictly at load time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from models.errors import FilterForwardError
+from models.taps import check_input_size
+
+
+class CameraConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    source: str = Field(min_length=1, description="video file, image folder, dataset folder, rtsp/http URL or device")
+    pacing: Literal["realtime", "every-frame"] = "realtime"
+    fps: float | None = Field(None, gt=0, description="cap on processed frames per second")
+
+
+class SinkConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path = Field(Path("filterforward-out"), description="folder for matched frames, clips and events.jsonl")
+
+
+class EdgeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    edge_id: str = Field("edge-1", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    base_model: Path | None = Field(None, description="ONNX base model with named taps (default EfficientNet-Lite0)")
+    input_size: tuple[int, int] = Field((768, 448), description="base-DNN input (width, height), multiples of 32")
+    threads: int | None = Field(None, ge=1, description="ONNX Runtime threads for the base DNN")
+    cameras: list[CameraConfig] = Field(min_length=1)
+    filters: list[Path] = Field(default_factory=list, description="filter bundle folders to load at start")
+    sink: SinkConfig = SinkConfig()
+    stats_interval: float = Field(10.0, gt=0, description="seconds between stats log lines")
+
+    @field_validator("input_size")
+    @classmethod
+    def _multiple_of_stride(cls, value: tuple[int, int]) -> tuple[int, int]:
+        return check_input_size(value)
+
+
+def load_edge_config(path: Path) -> EdgeConfig:
+    """Read and validate an edge YAML file; relative paths in it are relative to the file."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise FilterForwardError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise FilterForwardError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
+    try:
+        config = EdgeConfig.model_validate(raw or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise FilterForwardError(f"config file {path}: {where}: {first['msg']}") from None
+    return _resolve_paths(config, Path(path).parent)
+
+
+def _resolve_paths(config: EdgeConfig, base: Path) -> EdgeConfig:
+    def resolve(path: Path) -> Path:
+        return path if path.is_absolute() else base / path
+
+    return config.model_copy(
+        update={
+            "filters": [resolve(p) for p in config.filters],
+            "base_model": resolve(config.base_model) if config.base_model else None,
+            "sink": SinkConfig(path=resolve(config.sink.path)),
+        }
+    )

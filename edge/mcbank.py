@@ -1,0 +1,131 @@
+"""The MC bank: every registered microclassifier, evaluated on the shared taps of each frame.
+
+MCs on the same tap and ROI share their input: the crop is cut once per frame and handed to each of
+them. The set of MCs is an immutable snapshot swapped atomically, so filters are added, updated or
+removed while frames flow, without a restart and without a frame seeing a half-changed bank.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from edge.basednn import pixels, session_options
+from models.bundle import check_mc_model
+from models.errors import FilterForwardError
+from models.filterspec import FilterSpec
+from models.taps import PIXEL_TAP, PIXELS, Tap
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadedMC:
+    """One filter ready to run: its spec, its ONNX session and where its crop lies on its tap."""
+
+    spec: FilterSpec
+    session: ort.InferenceSession
+    rows: slice
+    cols: slice
+    history_shape: tuple[int, ...] | None  # windowed MCs: (1, (W-1)*R, h, w)
+
+    @property
+    def crop_key(self) -> tuple[str, int, int, int, int]:
+        return self.spec.tap, self.rows.start, self.rows.stop, self.cols.start, self.cols.stop
+
+
+@dataclass
+class CameraState:
+    """Per-camera memory of windowed MCs: the reduced features of their last W-1 frames."""
+
+    history: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def load_mc(spec: FilterSpec, onnx_bytes: bytes, taps: Mapping[str, Tap], input_size: tuple[int, int]) -> LoadedMC:
+    """Check a filter against this node's base DNN and open its ONNX session (single-threaded: MCs are tiny)."""
+    if tuple(spec.input_size) != tuple(input_size):
+        raise FilterForwardError(
+            f"filter {spec.name!r} was trained at input size {spec.input_size[0]}x{spec.input_size[1]} but this edge "
+            f"runs {input_size[0]}x{input_size[1]}: retrain it or change the edge's input_size"
+        )
+    tap = PIXEL_TAP if spec.tap == PIXELS else taps.get(spec.tap)
+    if tap is None:
+        raise FilterForwardError(
+            f"filter {spec.name!r} reads tap {spec.tap!r}, which the base model lacks (it has {sorted(taps)})"
+        )
+    tap_shape = tap.shape(input_size)
+    check_mc_model(spec, onnx_bytes, tap_shape)
+    session = ort.InferenceSession(onnx_bytes, session_options(threads=1), providers=["CPUExecutionProvider"])
+    rows, cols = spec.roi.cells(tap_shape[1], tap_shape[2])
+    history = next((i for i in session.get_inputs() if i.name == "history"), None)
+    history_shape = (1, *history.shape[1:]) if history is not None else None
+    return LoadedMC(spec, session, rows, cols, history_shape)
+
+
+class MCBank:
+    """Scores every MC that applies to a camera on one frame's taps."""
+
+    def __init__(self, taps: Mapping[str, Tap], input_size: tuple[int, int]):
+        self.taps = dict(taps)
+        self.input_size = input_size
+        self._mcs: tuple[LoadedMC, ...] = ()
+        self._lock = threading.Lock()  # serialises writers; readers just take the current snapshot
+
+    @property
+    def filters(self) -> dict[str, FilterSpec]:
+        return {mc.spec.name: mc.spec for mc in self._mcs}
+
+    def put(self, spec: FilterSpec, onnx_bytes: bytes) -> None:
+        """Add a filter, or replace the one with the same name (its windowed history starts afresh)."""
+        loaded = load_mc(spec, onnx_bytes, self.taps, self.input_size)
+        with self._lock:
+            self._mcs = (*(mc for mc in self._mcs if mc.spec.name != spec.name), loaded)
+        log.info("filter %s v%d on tap %s is active", spec.name, spec.version, spec.tap)
+
+    def remove(self, name: str) -> bool:
+        with self._lock:
+            kept = tuple(mc for mc in self._mcs if mc.spec.name != name)
+            removed = len(kept) != len(self._mcs)
+            self._mcs = kept
+        if removed:
+            log.info("filter %s removed", name)
+        return removed
+
+    def active(self, camera: str) -> tuple[LoadedMC, ...]:
+        return tuple(mc for mc in self._mcs if mc.spec.applies_to(camera))
+
+    def needed_taps(self, mcs: Iterable[LoadedMC]) -> set[str]:
+        return {mc.spec.tap for mc in mcs if mc.spec.tap != PIXELS}
+
+    def score(
+        self, mcs: Iterable[LoadedMC], taps: Mapping[str, np.ndarray], image: np.ndarray, state: CameraState
+    ) -> dict[str, float]:
+        """Scores of `mcs` (a snapshot from active()) on one frame's taps and its prepared image."""
+        crops: dict[tuple[str, int, int, int, int], np.ndarray] = {}
+        scores: dict[str, float] = {}
+        for mc in mcs:
+            crop = crops.get(mc.crop_key)
+            if crop is None:
+                source = pixels(image) if mc.spec.tap == PIXELS else taps[mc.spec.tap]
+                crop = crops[mc.crop_key] = np.ascontiguousarray(source[:1, :, mc.rows, mc.cols])
+            scores[mc.spec.name] = self._run(mc, crop, state)
+        return scores
+
+    @staticmethod
+    def _run(mc: LoadedMC, crop: np.ndarray, state: CameraState) -> float:
+        if mc.history_shape is None:
+            (score,) = mc.session.run(["score"], {"features": crop})
+            return float(score.reshape(-1)[0])
+        history = state.history.get(mc.spec.name)
+        if history is None or history.shape != mc.history_shape:
+            history = np.zeros(mc.history_shape, np.float32)
+        score, reduced = mc.session.run(["score", "reduced"], {"features": crop, "history": history})
+        # Oldest frame out, this frame's reduction in: the ring buffer the next frame sees.
+        width = reduced.shape[1]
+        state.history[mc.spec.name] = np.concatenate([history[:, width:], reduced], axis=1)
+        return float(score.reshape(-1)[0])

@@ -1,0 +1,162 @@
+"""The edge data path for one camera: frame -> base DNN taps -> MC bank -> smoothers -> encoder -> sink."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from edge.basednn import BaseDNN
+from edge.encoder import ClipEncoder, encode_jpeg
+from edge.mcbank import CameraState, LoadedMC, MCBank
+from edge.sink import MatchedFrame, Sink
+from edge.smoother import Event, Smoother
+from edge.sources import Frame
+from models.filterspec import FilterSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StageStats:
+    """Counters of one camera's pipeline; `snapshot()` turns them into rates since the last snapshot."""
+
+    frames: int = 0
+    matched: int = 0
+    bytes_out: int = 0
+    base_seconds: float = 0.0
+    mc_seconds: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    def snapshot(self, dropped: int) -> dict[str, float]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        frames = max(self.frames, 1)
+        summary = {
+            "fps": self.frames / elapsed,
+            "base_ms": 1000 * self.base_seconds / frames,
+            "mc_ms": 1000 * self.mc_seconds / frames,
+            "frames": self.frames,
+            "matched": self.matched,
+            "bytes_out": self.bytes_out,
+            "dropped": dropped,
+        }
+        self.__init__()  # type: ignore[misc]  # start the next interval
+        return summary
+
+
+@dataclass
+class _Track:
+    """A filter's smoother on this camera, and the clip being built for its open event (clip policy)."""
+
+    spec: FilterSpec
+    smoother: Smoother
+    event_id: str | None = None  # the open event, if any
+    clip: ClipEncoder | None = None
+
+
+class CameraPipeline:
+    """Runs every MC that applies to one camera on each of its frames and sends what they match."""
+
+    def __init__(self, camera: str, base: BaseDNN, bank: MCBank, sink: Sink, fps: float):
+        self.camera = camera
+        self.fps = fps  # of the source, for event clips
+        self.base = base
+        self.bank = bank
+        self.sink = sink
+        self.stats = StageStats()
+        self.state = CameraState()
+        self._tracks: dict[str, _Track] = {}
+        # The last n frames and their scores: the pre-roll sent when an event start is back-dated.
+        self._recent: deque[tuple[Frame, dict[str, float]]] = deque(maxlen=1)
+
+    def process(self, frame: Frame) -> dict[str, bool]:
+        """Handle one frame; returns, per active filter, whether this frame is positive."""
+        mcs = self.bank.active(self.camera)
+        self._sync_tracks(mcs)
+        self.stats.frames += 1
+        if not mcs:
+            self._recent.append((frame, {}))
+            return {}
+        prepared = self.base.prepare(frame.image)
+        started = time.perf_counter()
+        taps = self.base.run(prepared, self.bank.needed_taps(mcs)) if self.bank.needed_taps(mcs) else {}
+        scored = time.perf_counter()
+        scores = self.bank.score(mcs, taps, prepared, self.state)
+        self.stats.base_seconds += scored - started
+        self.stats.mc_seconds += time.perf_counter() - scored
+        self._recent.append((frame, scores))
+        return self._decide(frame, scores)
+
+    def _decide(self, frame: Frame, scores: dict[str, float]) -> dict[str, bool]:
+        positives: dict[str, bool] = {}
+        send: dict[int, list[str]] = {}
+        for name, score in scores.items():
+            track = self._tracks[name]
+            decision = track.smoother.push(frame.index, frame.timestamp, score)
+            positives[name] = decision.positive
+            if decision.started:
+                track.event_id = decision.started.id
+                self.sink.event("start", decision.started)
+            for index in [*decision.backfill, *([frame.index] if decision.positive else [])]:
+                send.setdefault(index, []).append(name)
+            if decision.ended:
+                self._end_event(track, decision.ended)
+        for index, matched in sorted(send.items()):
+            self._send(index, matched)
+        return positives
+
+    def _send(self, index: int, names: list[str]) -> None:
+        frame, scores = next(((f, s) for f, s in self._recent if f.index == index), (None, {}))
+        if frame is None:
+            return  # older than the pre-roll buffer
+        matched = {name: scores[name] for name in names}
+        jpeg_filters = [n for n in matched if self._tracks[n].spec.encoding.kind == "jpeg"]
+        for name in matched:
+            track = self._tracks[name]
+            if track.spec.encoding.kind == "clip":
+                track.clip = track.clip or ClipEncoder(frame.image.shape[1], frame.image.shape[0], self.fps)
+                track.clip.add(frame.image)
+        events = sorted({t.event_id for n in matched if (t := self._tracks[n]).event_id is not None})
+        jpeg = b""
+        if jpeg_filters:
+            quality = max(self._tracks[n].spec.encoding.jpeg_quality for n in jpeg_filters)
+            jpeg = encode_jpeg(frame.image, quality)
+        self.stats.matched += 1
+        self.stats.bytes_out += len(jpeg)
+        self.sink.frame(MatchedFrame(self.camera, frame.index, frame.timestamp, matched, events, jpeg))
+
+    def _end_event(self, track: _Track, event: Event) -> None:
+        clip = track.clip.finish() if track.clip else None
+        track.clip, track.event_id = None, None
+        self.stats.bytes_out += len(clip or b"")
+        self.sink.event("end", event, clip)
+
+    def _sync_tracks(self, mcs: Iterable[LoadedMC]) -> None:
+        """Start smoothers for new or changed filters; close the events of removed ones."""
+        wanted = {mc.spec.name: mc.spec for mc in mcs}
+        for name in list(self._tracks):
+            if name not in wanted or wanted[name].smoothing != self._tracks[name].spec.smoothing:
+                self._close_track(name)
+        for name, spec in wanted.items():
+            if name in self._tracks:
+                self._tracks[name].spec = spec
+                continue
+            s = spec.smoothing
+            self._tracks[name] = _Track(spec, Smoother(name, self.camera, s.threshold, s.k, s.n))
+        depth = max((t.spec.smoothing.n for t in self._tracks.values()), default=1)
+        if depth != self._recent.maxlen:
+            self._recent = deque(self._recent, maxlen=depth)
+
+    def _close_track(self, name: str) -> None:
+        track = self._tracks.pop(name)
+        self.state.history.pop(name, None)
+        event = track.smoother.flush()
+        if event is not None:
+            self._end_event(track, event)
+
+    def close(self) -> None:
+        """End of stream: close every open event."""
+        for name in list(self._tracks):
+            self._close_track(name)

@@ -1,0 +1,76 @@
+"""Where matched frames and events go: the interface, and a local folder sink (frames, clips, events.jsonl)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+from edge.smoother import Event
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MatchedFrame:
+    """A frame some filter matched, encoded for the trip upstream."""
+
+    camera: str
+    index: int
+    timestamp: float
+    scores: dict[str, float]  # filter name -> score, for the filters that matched
+    events: list[str] = field(default_factory=list)  # ids of the events the frame belongs to
+    jpeg: bytes = b""
+
+
+class Sink(Protocol):
+    def frame(self, matched: MatchedFrame) -> None: ...
+
+    def event(self, kind: Literal["start", "end"], event: Event, clip: bytes | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def safe_name(text: str) -> str:
+    """A file-name-safe form of an id (event ids contain '/')."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
+
+
+class FolderSink:
+    """frames/<camera>/<index>.jpg, clips/<event>.mp4 and one JSON line per frame or event change."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        (self.root / "frames").mkdir(parents=True, exist_ok=True)
+        (self.root / "clips").mkdir(exist_ok=True)
+        self._log = (self.root / "events.jsonl").open("a", encoding="utf-8")
+        self._lock = threading.Lock()  # cameras run in their own threads
+
+    def frame(self, matched: MatchedFrame) -> None:
+        folder = self.root / "frames" / safe_name(matched.camera)
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{matched.index:08d}.jpg"
+        path.write_bytes(matched.jpeg)
+        record = {k: v for k, v in asdict(matched).items() if k != "jpeg"}
+        self._write({"type": "frame", **record, "file": str(path.relative_to(self.root))})
+
+    def event(self, kind: Literal["start", "end"], event: Event, clip: bytes | None = None) -> None:
+        record = {"type": f"event_{kind}", **asdict(event)}
+        if clip:
+            path = self.root / "clips" / f"{safe_name(event.id)}.mp4"
+            path.write_bytes(clip)
+            record["clip"] = str(path.relative_to(self.root))
+        self._write(record)
+
+    def _write(self, record: dict) -> None:
+        with self._lock:
+            self._log.write(json.dumps(record) + "\n")
+            self._log.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            self._log.close()

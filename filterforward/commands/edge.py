@@ -1,0 +1,34 @@
+"""`filterforward edge`: run an edge node from its YAML config."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("edge", help="run an edge node on its cameras")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run_parser = actions.add_parser(
+        "run",
+        help="filter the configured cameras; matched frames and events go to the sink folder",
+        description="Runs the base DNN once per frame on every configured camera, every loaded filter on its "
+        "taps, and writes matched frames (JPEG), event clips and events.jsonl to the sink folder. Logs a stats "
+        "line per camera every stats_interval seconds. Stops at the end of file sources or on Ctrl-C/SIGTERM.",
+    )
+    run_parser.add_argument("--config", type=Path, required=True, help="edge YAML file")
+    run_parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from edge.config import load_edge_config
+    from edge.node import EdgeNode
+
+    node = EdgeNode(load_edge_config(args.config))
+    signal.signal(signal.SIGTERM, lambda *_: node.stop())
+    try:
+        node.run()
+    except KeyboardInterrupt:
+        node.stop()
+    return 0
