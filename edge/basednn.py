@@ -71,6 +71,8 @@ class BaseDNN:
         """Taps for a batch (N x H x W x 3) or one prepared frame (H x W x 3), uint8 BGR."""
         batch = images[None] if images.ndim == 3 else images
         names = list(taps) if taps is not None else list(self.taps)
+        if not names:
+            return {}  # ONNX Runtime would read an empty list as "every output"
         unknown = [name for name in names if name not in self.taps and name != "logits"]
         if unknown:
             raise FilterForwardError(f"base model has no tap {unknown[0]!r}; it has {sorted(self.taps)}")

@@ -66,8 +66,14 @@ def _resolve_paths(config: EdgeConfig, base: Path) -> EdgeConfig:
     def resolve(path: Path) -> Path:
         return path if path.is_absolute() else base / path
 
+    def resolve_source(source: str) -> str:
+        is_path = "://" not in source and not source.isdigit() and not source.startswith("/dev/")
+        return str(resolve(Path(source))) if is_path else source
+
+    cameras = [cam.model_copy(update={"source": resolve_source(cam.source)}) for cam in config.cameras]
     return config.model_copy(
         update={
+            "cameras": cameras,
             "filters": [resolve(p) for p in config.filters],
             "base_model": resolve(config.base_model) if config.base_model else None,
             "sink": SinkConfig(path=resolve(config.sink.path)),

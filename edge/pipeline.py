@@ -81,7 +81,7 @@ class CameraPipeline:
             return {}
         prepared = self.base.prepare(frame.image)
         started = time.perf_counter()
-        taps = self.base.run(prepared, self.bank.needed_taps(mcs)) if self.bank.needed_taps(mcs) else {}
+        taps = self.base.run(prepared, self.bank.needed_taps(mcs))
         scored = time.perf_counter()
         scores = self.bank.score(mcs, taps, prepared, self.state)
         self.stats.base_seconds += scored - started

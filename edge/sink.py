@@ -51,12 +51,15 @@ class FolderSink:
         self._lock = threading.Lock()  # cameras run in their own threads
 
     def frame(self, matched: MatchedFrame) -> None:
-        folder = self.root / "frames" / safe_name(matched.camera)
-        folder.mkdir(exist_ok=True)
-        path = folder / f"{matched.index:08d}.jpg"
-        path.write_bytes(matched.jpeg)
         record = {k: v for k, v in asdict(matched).items() if k != "jpeg"}
-        self._write({"type": "frame", **record, "file": str(path.relative_to(self.root))})
+        record["file"] = None  # clip-only filters send no JPEG; their frames travel in the event clip
+        if matched.jpeg:
+            folder = self.root / "frames" / safe_name(matched.camera)
+            folder.mkdir(exist_ok=True)
+            path = folder / f"{matched.index:08d}.jpg"
+            path.write_bytes(matched.jpeg)
+            record["file"] = str(path.relative_to(self.root))
+        self._write({"type": "frame", **record})
 
     def event(self, kind: Literal["start", "end"], event: Event, clip: bytes | None = None) -> None:
         record = {"type": f"event_{kind}", **asdict(event)}

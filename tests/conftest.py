@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import os
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
+import cv2
 import pytest
+
+from models.filterspec import FilterSpec
+from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, PIXELS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,3 +38,56 @@ def intel_car(shared_data: Path) -> Path:
     if not path.is_dir():
         pytest.skip(f"{path} is missing")
     return path
+
+
+def export_filter(
+    architecture: str,
+    tap: str,
+    input_size: tuple[int, int],
+    name: str = "test-filter",
+    bias: float | None = None,
+    **spec_fields: object,
+) -> tuple[FilterSpec, bytes]:
+    """A real exported MC with random weights (or a forced output bias: +10 always fires, -10 never)."""
+    import torch
+
+    from models.mc_export import export_mc
+    from models.microclassifiers import build_mc
+
+    spec = FilterSpec(name=name, architecture=architecture, tap=tap, input_size=input_size, **spec_fields)
+    tap_info = PIXEL_TAP if tap == PIXELS else EFFICIENTNET_LITE0_TAPS[tap]
+    channels, height, width = tap_info.shape(input_size)
+    crop = (channels, *spec.roi.cell_shape(height, width))
+    torch.manual_seed(zlib.crc32(name.encode()))
+    model = build_mc(architecture, crop[0], crop[1:], spec.window)
+    if bias is not None:
+        last = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)][-1]
+        with torch.no_grad():
+            last.weight.zero_()
+            last.bias.fill_(bias)
+    return spec, export_mc(model, crop)
+
+
+@pytest.fixture(scope="session")
+def short_clip(tmp_path_factory: pytest.TempPathFactory, intel_car: Path) -> Path:
+    """The first 40 frames of the real car clip, as its own video file (keeps edge runs short)."""
+    import av
+
+    from models.datasets import open_dataset
+
+    out = tmp_path_factory.mktemp("clip") / "cars-40.mp4"
+    dataset = open_dataset(intel_car)
+    with av.open(str(out), "w") as container:
+        stream = container.add_stream("libx264", rate=12)
+        stream.width, stream.height, stream.pix_fmt = 384, 216, "yuv420p"
+        for _, image in dataset.frames(180, 220):
+            small = cv2.resize(image, (384, 216), interpolation=cv2.INTER_AREA)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(small, format="bgr24")))
+        container.mux(stream.encode(None))
+    return out
+
+
+@pytest.fixture(scope="session")
+def make_filter() -> Callable[..., tuple[FilterSpec, bytes]]:
+    """export_filter as a fixture, so test modules need not import conftest."""
+    return export_filter

@@ -1,0 +1,102 @@
+"""`filterforward edge run` as a real process: config in, matched frames and events out, clean errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from models.bundle import write_bundle
+
+SIZE = (384, 224)
+
+
+def filterforward(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "filterforward", *args], capture_output=True, text=True, timeout=300, **kwargs
+    )
+
+
+@pytest.fixture
+def config(tmp_path, short_clip, make_filter) -> Path:
+    bundle = write_bundle(tmp_path / "always", *make_filter("full_frame", "late", SIZE, name="always", bias=10.0))
+    path = tmp_path / "edge.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "edge_id": "test-edge",
+                "input_size": list(SIZE),
+                "cameras": [{"name": "gate", "source": str(short_clip), "pacing": "every-frame"}],
+                "filters": [bundle.name],  # relative to the config file
+                "sink": {"path": "out"},
+                "stats_interval": 0.5,
+            }
+        )
+    )
+    return path
+
+
+def test_edge_run_writes_matched_frames_and_events(config: Path) -> None:
+    result = filterforward("edge", "run", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (config.parent / "out" / "events.jsonl").read_text().splitlines()]
+    assert sum(r["type"] == "frame" for r in records) == 40
+    assert [r["type"] for r in records if r["type"].startswith("event")] == ["event_start", "event_end"]
+    assert len(list((config.parent / "out" / "frames" / "gate").glob("*.jpg"))) == 40
+    assert "camera gate:" in result.stderr and "fps" in result.stderr  # the periodic stats line
+
+
+def test_sigterm_stops_a_realtime_camera_cleanly(config: Path) -> None:
+    data = yaml.safe_load(config.read_text())
+    data["cameras"][0]["pacing"] = "realtime"
+    config.write_text(yaml.safe_dump(data))
+    events = config.parent / "out" / "events.jsonl"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "filterforward", "edge", "run", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (events.exists() and events.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    lines = events.read_text().splitlines()
+    assert json.loads(lines[-1])["type"] == "event_end"  # the open event was closed on the way out
+    assert len(lines) - 2 < 40  # stopped before the end of the clip
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"cameras": [{"name": "gate", "source": "x.mp4", "colour": "red"}]}, "cameras.0.colour"),
+        ({"input_size": [100, 100]}, "multiples of 32"),
+        ({"cameras": [{"name": "gate", "source": "/nowhere/clip.mp4"}]}, "/nowhere/clip.mp4"),
+        ({"filters": ["missing-bundle"]}, "missing-bundle"),
+    ],
+)
+def test_bad_config_is_one_clear_line(config: Path, change: dict, message: str) -> None:
+    data = yaml.safe_load(config.read_text())
+    data.update(change)
+    config.write_text(yaml.safe_dump(data))
+    result = filterforward("edge", "run", "--config", str(config))
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreadable_yaml_and_missing_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cameras: [unclosed\n")
+    assert "not valid YAML" in filterforward("edge", "run", "--config", str(bad)).stderr
+    result = filterforward("edge", "run", "--config", str(tmp_path / "none.yaml"))
+    assert result.returncode == 2 and "does not exist" in result.stderr

@@ -1,0 +1,91 @@
+"""The edge data path end to end on a real clip: base DNN, MC bank, smoothing, encoding, folder sink."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+
+from edge.basednn import BaseDNN
+from edge.mcbank import MCBank
+from edge.pipeline import CameraPipeline
+from edge.sink import FolderSink
+from edge.sources import open_source
+from models.filterspec import Encoding
+
+SIZE = (384, 224)
+
+
+@pytest.fixture(scope="module")
+def base() -> BaseDNN:
+    return BaseDNN(SIZE)
+
+
+def run_clip(clip: Path, base: BaseDNN, bank: MCBank, out: Path) -> tuple[CameraPipeline, list[dict]]:
+    sink = FolderSink(out)
+    with open_source(str(clip), pacing="every-frame") as source:
+        pipeline = CameraPipeline("cam", base, bank, sink, source.fps)
+        for frame in source:
+            pipeline.process(frame)
+    pipeline.close()
+    sink.close()
+    return pipeline, [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+
+
+def test_always_firing_filter_sends_every_frame_as_one_event(short_clip, base, make_filter, tmp_path) -> None:
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("full_frame", "late", SIZE, name="always", bias=10.0))
+    pipeline, records = run_clip(short_clip, base, bank, tmp_path)
+    frames = [r for r in records if r["type"] == "frame"]
+    assert sorted(r["index"] for r in frames) == list(range(40))  # the pre-roll frames are sent too
+    starts = [r for r in records if r["type"] == "event_start"]
+    ends = [r for r in records if r["type"] == "event_end"]
+    assert len(starts) == len(ends) == 1
+    assert (ends[0]["start_frame"], ends[0]["end_frame"]) == (0, 39)
+    assert all(r["events"] == [ends[0]["id"]] and r["scores"]["always"] > 0.99 for r in frames)
+    image = cv2.imread(str(tmp_path / frames[5]["file"]))
+    assert image.shape == (216, 384, 3)  # the camera's own frame goes out, not the DNN input
+    assert pipeline.stats.frames == 40 and pipeline.stats.matched == 40
+
+
+def test_silent_filter_sends_nothing(short_clip, base, make_filter, tmp_path) -> None:
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("localized", "mid", SIZE, name="never", bias=-10.0))
+    pipeline, records = run_clip(short_clip, base, bank, tmp_path)
+    assert records == []
+    assert pipeline.stats.frames == 40 and pipeline.stats.matched == 0
+
+
+def test_clip_policy_sends_one_mp4_per_event(short_clip, base, make_filter, tmp_path) -> None:
+    bank = MCBank(base.taps, SIZE)
+    clip_policy = Encoding(kind="clip")
+    bank.put(*make_filter("full_frame", "late", SIZE, name="clipper", bias=10.0, encoding=clip_policy))
+    _, records = run_clip(short_clip, base, bank, tmp_path)
+    (end,) = [r for r in records if r["type"] == "event_end"]
+    with av.open(str(tmp_path / end["clip"])) as container:
+        decoded = [f.to_ndarray(format="bgr24") for f in container.decode(video=0)]
+    assert len(decoded) == 40 and decoded[0].shape == (216, 384, 3)
+    assert all(r["file"] is None for r in records if r["type"] == "frame")  # no JPEGs for a clip-only filter
+    assert not list((tmp_path / "frames").rglob("*.jpg"))
+
+
+def test_filters_with_different_cameras_and_no_filters(short_clip, base, make_filter, tmp_path) -> None:
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("full_frame", "late", SIZE, name="elsewhere", bias=10.0, cameras=["other"]))
+    pipeline, records = run_clip(short_clip, base, bank, tmp_path)
+    assert records == [] and pipeline.stats.frames == 40
+    assert pipeline.stats.base_seconds == 0.0  # no MC for this camera: the base DNN is not even run
+
+
+def test_windowed_and_localized_run_side_by_side(short_clip, base, make_filter, tmp_path) -> None:
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("windowed", "mid", SIZE, name="win", bias=10.0))
+    bank.put(*make_filter("localized", "mid", SIZE, name="loc", bias=-10.0))
+    pipeline, records = run_clip(short_clip, base, bank, tmp_path)
+    matched = [r for r in records if r["type"] == "frame"]
+    assert len(matched) == 40 and all(set(r["scores"]) == {"win"} for r in matched)
+    assert np.isfinite(pipeline.stats.mc_seconds)
