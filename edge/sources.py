@@ -29,15 +29,15 @@ from urllib.parse import urlsplit, urlunsplit
 import cv2
 import numpy as np
 
+from models.datasets import open_dataset
+from models.datasets.frames import IMAGE_SUFFIXES, image_files, is_video
+from models.datasets.labelled import LABELS_FILE
 from models.errors import FilterForwardError
 
 log = logging.getLogger(__name__)
 
 Pacing = Literal["realtime", "every-frame"]
 LIVE_SCHEMES = ("rtsp", "rtsps", "http", "https")
-VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".ts", ".wmv", ".flv"})
-IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
-DATASET_LABELS = "labels.csv"  # a folder with this file and one video is a recorded dataset
 DEFAULT_FPS = 25.0  # for recordings that carry no frame rate (image folders)
 
 _OPEN_TIMEOUT_MS = 5000  # bounds how long a dead camera can hold the reader thread
@@ -130,22 +130,21 @@ def _path_target(path: Path) -> _Target:
 
 
 def _folder_target(folder: Path) -> _Target:
-    """A dataset folder (labels.csv + one video) plays its video; otherwise its images, in natural order."""
-    files = [entry for entry in folder.iterdir() if entry.is_file() and not entry.name.startswith(".")]
-    videos = sorted(entry for entry in files if entry.suffix.lower() in VIDEO_SUFFIXES)
-    images = sorted((entry for entry in files if entry.suffix.lower() in IMAGE_SUFFIXES), key=_natural_key)
-    if len(videos) == 1 and ((folder / DATASET_LABELS).is_file() or not images):
+    """A recorded dataset plays its frames; otherwise a folder's one video, or its images in natural order."""
+    if (folder / LABELS_FILE).is_file():
+        source = open_dataset(folder).source
+        if source.is_file():
+            return _path_target(source)
+        folder = source
+    videos = sorted(entry for entry in folder.iterdir() if is_video(entry))
+    images = image_files(folder)
+    if len(videos) == 1 and not images:
         return _Target("file", str(videos[0]), str(videos[0]))
     if images:
         return _Target("images", str(folder), str(folder), tuple(images))
     if videos:
         raise FilterForwardError(f"folder {folder} holds {len(videos)} videos and no images; pass one video file")
     raise FilterForwardError(f"folder {folder} holds no images or video; point the source at a video or image folder")
-
-
-def _natural_key(path: Path) -> list[int | str]:
-    """frame2.png before frame10.png: digit runs compare as numbers."""
-    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", path.name)]
 
 
 # ---------------------------------------------------------------------------------------------------------

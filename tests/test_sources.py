@@ -93,8 +93,9 @@ def test_dataset_folder_plays_its_video(clip: Path, intel_car: Path) -> None:
         assert np.array_equal(next(iter(source)).image, first)
 
 
-def test_dataset_folder_prefers_its_video_over_stray_images(clip: Path, tmp_path: Path) -> None:
+def test_dataset_folder_plays_the_video_its_yaml_names(clip: Path, tmp_path: Path) -> None:
     (tmp_path / "labels.csv").write_text("frame_index,car\n0,1\n")
+    (tmp_path / "dataset.yaml").write_text(f"video: {CLIP}\n")
     (tmp_path / CLIP).symlink_to(clip)
     cv2.imwrite(str(tmp_path / "thumbnail.png"), folder_image(0))
     with VideoSource(str(tmp_path)) as source:
@@ -106,6 +107,7 @@ def test_image_folder_plays_in_natural_order_and_ends(image_folder: Callable[[in
     folder = image_folder(12)
     if labelled:
         (folder / "labels.csv").write_text("frame_index,event\n")
+        (folder / "dataset.yaml").write_text(f"fps: {DEFAULT_FPS}\n")
     with VideoSource(str(folder)) as source:
         frames = list(source)
         assert source.ended

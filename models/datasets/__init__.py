@@ -1,0 +1,16 @@
+"""Recorded camera datasets: the labelled on-disk format, MOTChallenge sequences and synthetic scenes."""
+
+from models.datasets.labelled import UNCERTAIN, LabelledDataset, Polygon, open_dataset, write_labelled
+from models.datasets.mot import export_mot, mot_dataset
+from models.datasets.synth import write_synthetic
+
+__all__ = [
+    "UNCERTAIN",
+    "LabelledDataset",
+    "Polygon",
+    "export_mot",
+    "mot_dataset",
+    "open_dataset",
+    "write_labelled",
+    "write_synthetic",
+]

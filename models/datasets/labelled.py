@@ -1,0 +1,336 @@
+"""The on-disk labelled dataset: frames (video or image folder) + labels.csv + optional dataset.yaml.
+
+labels.csv has `frame_index` (0-based decoded frame) first, then columns. Event columns hold 0, 1 or
+-1 (uncertain); dataset.yaml may list them under `events:`, otherwise every column whose values are
+all 0/1/-1 is an event and the others (counts, ids) are ignored. Frames without a row are uncertain.
+See docs/datasets.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+
+from models.datasets.frames import IMAGE_SUFFIXES, VIDEO_SUFFIXES, image_files, is_video, probe, read_frames
+from models.errors import FilterForwardError
+from models.roi import FULL_FRAME, ROI
+
+log = logging.getLogger(__name__)
+
+LABELS_FILE = "labels.csv"
+CONFIG_FILE = "dataset.yaml"
+FRAME_INDEX = "frame_index"
+UNCERTAIN = -1
+EVENT_VALUES = frozenset({"0", "1", "-1"})
+_EVENT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+class Polygon(RootModel[tuple[tuple[float, float], ...]]):
+    """A polygon in normalised image coordinates (0..1, origin top-left), as a list of (x, y) points."""
+
+    model_config = ConfigDict(frozen=True)
+
+    @model_validator(mode="after")
+    def _valid(self) -> Polygon:
+        points = np.asarray(self.root, dtype=float)
+        if len(points) < 3:
+            raise ValueError(f"a polygon needs at least 3 points, got {len(points)}")
+        if points.min() < 0.0 or points.max() > 1.0:
+            raise ValueError("polygon points must be in normalised coordinates 0..1")
+        if abs(_area(points)) < 1e-9:
+            raise ValueError("the polygon has no area")
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> Polygon:
+        """Parse 'x,y x,y x,y ...' (points split by spaces or ';'), e.g. '0,0.5 1,0.5 1,1 0,1'."""
+        hint = "write at least 3 points 'x,y x,y x,y' in normalised 0..1 coordinates, e.g. '0,0.5 1,0.5 1,1 0,1'"
+        try:
+            points = [tuple(float(v) for v in pair.split(",")) for pair in re.split(r"[\s;]+", text.strip().strip(";"))]
+            return cls.model_validate(points)
+        except (ValueError, ValidationError) as exc:
+            reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "not numbers 'x,y'"
+            reason = reason.removeprefix("Value error, ")
+            raise FilterForwardError(f"polygon {text!r} does not parse ({reason}): {hint}") from None
+
+    def contains(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Which points (normalised x, y arrays) lie inside (even-odd rule; the bottom/right edges are outside)."""
+        points = np.asarray(self.root, dtype=float)
+        xi, yi = points[:, 0], points[:, 1]
+        xj, yj = np.roll(xi, 1), np.roll(yi, 1)
+        px = np.asarray(x, dtype=float)[..., None]
+        py = np.asarray(y, dtype=float)[..., None]
+        crosses = (yi > py) != (yj > py)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x_cross = (xj - xi) * (py - yi) / (yj - yi) + xi
+        return np.count_nonzero(crosses & (px < x_cross), axis=-1) % 2 == 1
+
+    def bbox(self) -> ROI:
+        points = np.asarray(self.root, dtype=float)
+        (x0, y0), (x1, y1) = points.min(axis=0), points.max(axis=0)
+        return ROI(x0=x0, y0=y0, x1=x1, y1=y1)
+
+
+def _area(points: np.ndarray) -> float:
+    x, y = points[:, 0], points[:, 1]
+    return 0.5 * float(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1)))
+
+
+Region = ROI | Polygon
+
+
+class DatasetConfig(BaseModel):
+    """dataset.yaml: everything optional; paths are relative to the dataset folder (or absolute)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    video: str | None = None
+    images: str | None = None
+    fps: float | None = Field(None, gt=0, description="frame rate; required for image folders")
+    events: list[str] | None = Field(None, description="event columns of labels.csv (default: detected)")
+    regions: dict[str, Region] = Field(default_factory=dict, description="event name -> its region")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetConfig:
+        if self.video and self.images:
+            raise ValueError("give either video or images, not both")
+        return self
+
+
+@dataclass(frozen=True, eq=False)
+class LabelledDataset:
+    """A recorded camera clip with per-frame event labels (0, 1, or -1 = uncertain)."""
+
+    root: Path
+    name: str
+    source: Path  # video file or image folder
+    fps: float
+    frame_size: tuple[int, int]  # (width, height)
+    n_frames: int
+    labels: dict[str, np.ndarray]  # event -> int8 array of length n_frames
+    regions: dict[str, Region] = field(default_factory=dict)  # event -> the region it is about
+
+    def events(self) -> list[str]:
+        return list(self.labels)
+
+    def frames(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """(index, BGR uint8 frame) for frames start..stop-1, decoded in order."""
+        stop = self.n_frames if stop is None else min(stop, self.n_frames)
+        if not 0 <= start <= stop:
+            raise FilterForwardError(f"frame range {start}..{stop} is outside 0..{self.n_frames} of {self.name}")
+        return read_frames(self.source, start, stop)
+
+    def roi(self, event: str) -> ROI:
+        """The box an MC for this event should look at: its region's bounding box, else the full frame."""
+        region = self.regions.get(event)
+        if isinstance(region, Polygon):
+            return region.bbox()
+        return region or FULL_FRAME
+
+    def intervals(self, event: str) -> list[tuple[int, int]]:
+        """Separate occurrences of an event as (first, last) frame, inclusive; uncertain frames are skipped."""
+        values = self.labels[event]
+        certain = np.flatnonzero(values != UNCERTAIN)
+        edges = np.diff(np.concatenate(([0], values[certain] == 1, [0])).astype(np.int8))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+        return [(int(certain[s]), int(certain[e])) for s, e in zip(starts, ends, strict=True)]
+
+
+def check_event_name(name: str) -> str:
+    if not _EVENT_NAME.match(name) or name == FRAME_INDEX:
+        raise FilterForwardError(
+            f"event name {name!r} is not allowed: use letters, digits, '_', '.', '-' (not {FRAME_INDEX!r})"
+        )
+    return name
+
+
+def open_dataset(path: str | Path) -> LabelledDataset:
+    """Open a labelled dataset folder (labels.csv + a video or image folder, optional dataset.yaml)."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise FilterForwardError(f"dataset folder {root} does not exist: give a folder holding {LABELS_FILE}")
+    labels_path = root / LABELS_FILE
+    if not labels_path.is_file():
+        hint = (
+            f"it is a MOTChallenge sequence: convert it with `filterforward dataset mot {root} ...`"
+            if (root / "seqinfo.ini").is_file()
+            else f"add {LABELS_FILE} (see docs/datasets.md)"
+        )
+        raise FilterForwardError(f"{root} has no {LABELS_FILE}: {hint}")
+    config = _read_config(root)
+    source = _find_source(root, config)
+    info = probe(source, config.fps)
+    labels = read_labels(labels_path, info.n_frames, config.events)
+    unknown = sorted(set(config.regions) - set(labels))
+    if unknown:
+        raise FilterForwardError(f"{root / CONFIG_FILE} has regions for {unknown}, which are no events: remove them")
+    return LabelledDataset(
+        root=root,
+        name=config.name or root.resolve().name,
+        source=source,
+        fps=info.fps,
+        frame_size=info.frame_size,
+        n_frames=info.n_frames,
+        labels=labels,
+        regions=dict(config.regions),
+    )
+
+
+def _read_config(root: Path) -> DatasetConfig:
+    path = root / CONFIG_FILE
+    if not path.is_file():
+        return DatasetConfig()
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+        return DatasetConfig.model_validate(data)
+    except yaml.YAMLError as exc:
+        raise FilterForwardError(f"{path} is not valid YAML ({_one_line(exc)}): fix its syntax") from None
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "top level"
+        raise FilterForwardError(f"{path} is invalid at {where}: {error['msg']} (see docs/datasets.md)") from None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def _find_source(root: Path, config: DatasetConfig) -> Path:
+    named = config.video or config.images
+    if named:
+        source = root / Path(named).expanduser()
+        kind_ok = source.is_file() if config.video else source.is_dir()
+        if not kind_ok:
+            kind = "video file" if config.video else "image folder"
+            raise FilterForwardError(f"{root / CONFIG_FILE} names {kind} {source}, which does not exist: fix the path")
+        return source
+    candidates = [p for p in sorted(root.iterdir()) if is_video(p) or (p.is_dir() and image_files(p))]
+    if image_files(root):
+        candidates.append(root)
+    if len(candidates) == 1:
+        return candidates[0]
+    kinds = f"a video ({', '.join(sorted(VIDEO_SUFFIXES))}) or an image folder ({', '.join(sorted(IMAGE_SUFFIXES))})"
+    if not candidates:
+        raise FilterForwardError(f"{root} holds no frames: add {kinds}, or name it in {CONFIG_FILE}")
+    names = ", ".join(p.name for p in candidates)
+    raise FilterForwardError(f"{root} holds several frame sources ({names}): name one in {CONFIG_FILE}")
+
+
+def read_labels(path: Path, n_frames: int, events: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Event columns of a labels.csv as int8 arrays of length n_frames (-1 where a frame has no row)."""
+    header, rows = _read_csv(path)
+    frame_index = _frame_indices(path, rows)
+    columns = {name: [row[i] for row in rows] for i, name in enumerate(header) if i > 0}
+    names = events if events is not None else [n for n, values in columns.items() if set(values) <= EVENT_VALUES]
+    missing = [name for name in names if name not in columns]
+    if missing:
+        raise FilterForwardError(f"{path} lacks the event columns {missing} named in {CONFIG_FILE}: add or unlist them")
+    if not names:
+        raise FilterForwardError(f"{path} has no event column (values 0, 1 or -1 on every row): add one")
+    inside = frame_index < n_frames
+    if not inside.all():
+        log.warning(
+            "%s: %d rows are past the last of the %d decoded frames and are ignored (frame_index is 0-based)",
+            path,
+            int((~inside).sum()),
+            n_frames,
+        )
+    labels = {}
+    for name in names:
+        values = _event_values(path, name, columns[name])
+        labels[name] = np.full(n_frames, UNCERTAIN, dtype=np.int8)
+        labels[name][frame_index[inside]] = values[inside]
+    return labels
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    with path.open(newline="", encoding="utf-8-sig") as handle:  # -sig: spreadsheets may prepend a BOM
+        table = [[cell.strip() for cell in row] for row in csv.reader(handle) if row]
+    if not table or table[0][0] != FRAME_INDEX:
+        raise FilterForwardError(f"{path} must start with a header whose first column is {FRAME_INDEX!r}")
+    header, rows = table[0], table[1:]
+    if len(set(header)) != len(header):
+        raise FilterForwardError(f"{path} repeats a column name in its header: give each column its own name")
+    for number, row in enumerate(rows, start=2):
+        if len(row) != len(header):
+            raise FilterForwardError(f"{path} row {number} has {len(row)} fields, the header {len(header)}: fix it")
+    return header, rows
+
+
+def _frame_indices(path: Path, rows: list[list[str]]) -> np.ndarray:
+    indices = np.empty(len(rows), dtype=np.int64)
+    for number, row in enumerate(rows, start=2):
+        try:
+            indices[number - 2] = int(row[0])
+        except ValueError:
+            raise FilterForwardError(
+                f"{path} row {number}: {FRAME_INDEX} {row[0]!r} is not a whole number: use 0-based frame numbers"
+            ) from None
+    if (indices < 0).any():
+        raise FilterForwardError(f"{path} has a negative {FRAME_INDEX}: use 0-based decoded frame numbers")
+    unique, counts = np.unique(indices, return_counts=True)
+    if (counts > 1).any():
+        raise FilterForwardError(f"{path} lists frame {int(unique[counts > 1][0])} twice: keep one row per frame")
+    return indices
+
+
+def _event_values(path: Path, name: str, values: list[str]) -> np.ndarray:
+    bad = next((i for i, value in enumerate(values) if value not in EVENT_VALUES), None)
+    if bad is not None:
+        raise FilterForwardError(
+            f"{path} row {bad + 2}: event {name!r} has value {values[bad]!r}; event columns hold 0, 1 or -1 (uncertain)"
+        )
+    return np.asarray(values, dtype=np.int64).astype(np.int8)
+
+
+def check_output(out_dir: Path, names: list[str], overwrite: bool) -> None:
+    """Refuse to clobber a dataset unless asked to; create the folder."""
+    existing = [name for name in names if (out_dir / name).exists()]
+    if existing and not overwrite:
+        raise FilterForwardError(f"{out_dir} already holds {', '.join(existing)}: choose another folder or overwrite")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+
+def write_labelled(
+    dataset: LabelledDataset,
+    out_dir: str | Path,
+    extra_columns: Mapping[str, np.ndarray] | None = None,
+    overwrite: bool = False,
+) -> LabelledDataset:
+    """Write labels.csv and dataset.yaml for `dataset` into out_dir (frames stay where they are) and reopen it.
+
+    The source is written relative to out_dir when it lies inside it, else as an absolute path.
+    `extra_columns` (e.g. counts) are written after the events; they are information, not events.
+    """
+    out = Path(out_dir).expanduser()
+    check_output(out, [LABELS_FILE, CONFIG_FILE], overwrite)
+    events = [check_event_name(name) for name in dataset.events()]
+    extra = dict(extra_columns or {})
+    table = np.column_stack([np.arange(dataset.n_frames)] + [dataset.labels[e] for e in events] + list(extra.values()))
+    header = ",".join([FRAME_INDEX, *events, *extra])
+    np.savetxt(out / LABELS_FILE, table.astype(np.int64), fmt="%d", delimiter=",", header=header, comments="")
+    source = dataset.source.resolve()
+    try:
+        where = str(source.relative_to(out.resolve()))
+    except ValueError:
+        where = str(source)
+    config = DatasetConfig(
+        name=dataset.name,
+        video=None if source.is_dir() else where,
+        images=where if source.is_dir() else None,
+        fps=dataset.fps if source.is_dir() else None,
+        events=events,
+        regions=dataset.regions,
+    )
+    text = yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False, default_flow_style=None)
+    (out / CONFIG_FILE).write_text(text)
+    return open_dataset(out)

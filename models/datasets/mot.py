@@ -1,0 +1,195 @@
+"""MOTChallenge sequences as labelled datasets: per-frame events from ground-truth boxes and polygons.
+
+An event "a person's bottom-centre is inside this polygon" is 1 on a frame when a counted pedestrian's
+foot point lies in the polygon, -1 (uncertain) when only boxes MOT's evaluation ignores lie there
+(consider flag 0, or the distractor classes), else 0. MOT frame f is decoded frame f-1.
+
+gt.txt layouts: MOT15 has 10 columns (frame, id, x, y, w, h, flag, world x/y/z) and only pedestrians;
+MOT16/17/20 have 9 (frame, id, x, y, w, h, flag, class, visibility) with class 1 = pedestrian.
+"""
+
+from __future__ import annotations
+
+import configparser
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from models.datasets.frames import FrameInfo, image_files, is_video, probe
+from models.datasets.labelled import LabelledDataset, Polygon, check_event_name, write_labelled
+from models.errors import FilterForwardError
+
+log = logging.getLogger(__name__)
+
+FULL_FRAME_POLYGON = Polygon(((0.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 1.0)))
+DEFAULT_EVENTS: Mapping[str, Polygon] = {"person_present": FULL_FRAME_POLYGON}
+PEDESTRIAN = 1
+NO_CLASS = -1  # MOT15 files, and some converted ones: every box is a pedestrian
+# Person on vehicle, static person, distractor, reflection: MOT's evaluation ignores matches to these.
+DISTRACTOR_CLASSES = (2, 7, 8, 12)
+
+
+@dataclass(frozen=True)
+class SeqInfo:
+    name: str
+    fps: float
+    length: int
+    width: int
+    height: int
+    image_dir: str
+
+
+@dataclass(frozen=True, eq=False)
+class _Sequence:
+    root: Path
+    info: SeqInfo
+    source: Path
+    frames: FrameInfo
+    boxes: np.ndarray  # gt.txt rows, one per box
+
+
+def read_seqinfo(root: Path) -> SeqInfo:
+    path = root / "seqinfo.ini"
+    if not path.is_file():
+        raise FilterForwardError(f"{root} has no seqinfo.ini: give a MOTChallenge sequence folder")
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(path)
+        section = parser["Sequence"]
+        return SeqInfo(
+            name=section.get("name", root.resolve().name),
+            fps=float(section["frameRate"]),
+            length=int(section["seqLength"]),
+            width=int(section["imWidth"]),
+            height=int(section["imHeight"]),
+            image_dir=section.get("imDir", "img1"),
+        )
+    except (configparser.Error, KeyError, ValueError) as exc:
+        raise FilterForwardError(
+            f"{path} is incomplete ({exc!s}): it needs a [Sequence] with frameRate, seqLength, imWidth, imHeight"
+        ) from None
+
+
+def read_gt(path: Path) -> np.ndarray:
+    """gt.txt as a float array with one row per box (at least 7 columns)."""
+    if not path.is_file():
+        raise FilterForwardError(f"{path} is missing: a MOTChallenge sequence needs gt/gt.txt for labels")
+    text = path.read_text()
+    if not text.strip():
+        return np.empty((0, 10))
+    try:
+        rows = np.loadtxt(text.splitlines(), delimiter=",", ndmin=2)
+    except ValueError as exc:
+        raise FilterForwardError(
+            f"{path} is not a MOT ground-truth file ({exc!s}): expect comma-separated numbers"
+        ) from None
+    if rows.shape[1] < 7:
+        raise FilterForwardError(f"{path} has {rows.shape[1]} columns: MOT gt needs frame,id,x,y,w,h,flag,...")
+    return rows
+
+
+def _find_source(root: Path, info: SeqInfo) -> Path:
+    """The sequence's original images (imDir) when present, else its one video file."""
+    image_dir = root / info.image_dir
+    if image_dir.is_dir() and image_files(image_dir):
+        return image_dir
+    videos = [p for p in sorted(root.iterdir()) if is_video(p)]
+    if len(videos) == 1:
+        return videos[0]
+    if not videos:
+        raise FilterForwardError(f"{root} has neither {info.image_dir}/ images nor a video file: add the frames")
+    raise FilterForwardError(f"{root} holds several videos ({', '.join(p.name for p in videos)}): keep one")
+
+
+def _load(path: str | Path) -> _Sequence:
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise FilterForwardError(f"MOT sequence folder {root} does not exist: give the folder with seqinfo.ini")
+    info = read_seqinfo(root)
+    source = _find_source(root, info)
+    frames = probe(source, info.fps)
+    if frames.n_frames != info.length:
+        log.warning(
+            "%s: seqinfo.ini says %d frames, %d decode; labelling %d",
+            root,
+            info.length,
+            frames.n_frames,
+            frames.n_frames,
+        )
+    return _Sequence(root, info, source, frames, read_gt(root / "gt" / "gt.txt"))
+
+
+def _box_kinds(seq: _Sequence) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(0-based frame, counted pedestrian?, ignored-by-MOT?) per box, dropping boxes outside the video."""
+    boxes = seq.boxes
+    frame = boxes[:, 0].astype(np.int64) - 1
+    flag = boxes[:, 6]
+    # Only the 9-column layout has a class column; MOT15's 8th column is a world coordinate.
+    cls = boxes[:, 7] if boxes.shape[1] == 9 else np.full(len(boxes), NO_CLASS, dtype=float)
+    person = (cls == PEDESTRIAN) | (cls == NO_CLASS)
+    counted = person & (flag != 0)
+    ignored = (person & (flag == 0)) | np.isin(cls, DISTRACTOR_CLASSES)
+    inside = (frame >= 0) & (frame < seq.frames.n_frames)
+    if not inside.all():
+        log.warning("%s: %d boxes lie on frames the video does not have; ignored", seq.root, int((~inside).sum()))
+    return frame, counted & inside, ignored & inside
+
+
+def _foot_points(seq: _Sequence) -> tuple[np.ndarray, np.ndarray]:
+    """Bottom-centre of each box, clamped to the image (boxes may cross its border), normalised."""
+    x, y, w, h = (seq.boxes[:, i] for i in range(2, 6))
+    width, height = seq.info.width, seq.info.height
+    return np.clip(x + w / 2, 0, width - 1) / width, np.clip(y + h, 0, height - 1) / height
+
+
+def _event_labels(seq: _Sequence, events: Mapping[str, Polygon]) -> dict[str, np.ndarray]:
+    frame, counted, ignored = _box_kinds(seq)
+    foot_x, foot_y = _foot_points(seq)
+    labels = {}
+    for name, polygon in events.items():
+        inside = polygon.contains(foot_x, foot_y)
+        values = np.zeros(seq.frames.n_frames, dtype=np.int8)
+        values[frame[ignored & inside]] = -1
+        values[frame[counted & inside]] = 1  # a counted person outweighs an ignored box
+        labels[check_event_name(name)] = values
+    return labels
+
+
+def mot_dataset(path: str | Path, events: Mapping[str, Polygon] | None = None) -> LabelledDataset:
+    """A MOTChallenge sequence with events derived from its gt boxes (default: person_present, full frame)."""
+    seq = _load(path)
+    return _as_dataset(seq, events or DEFAULT_EVENTS)
+
+
+def _as_dataset(seq: _Sequence, events: Mapping[str, Polygon]) -> LabelledDataset:
+    return LabelledDataset(
+        root=seq.root,
+        name=seq.info.name,
+        source=seq.source,
+        fps=seq.frames.fps,
+        frame_size=seq.frames.frame_size,
+        n_frames=seq.frames.n_frames,
+        labels=_event_labels(seq, events),
+        regions=dict(events),
+    )
+
+
+def export_mot(
+    path: str | Path,
+    out_dir: str | Path,
+    events: Mapping[str, Polygon] | None = None,
+    overwrite: bool = False,
+) -> LabelledDataset:
+    """Write a MOT sequence as a labelled folder (labels.csv + dataset.yaml pointing at its frames by
+    absolute path; nothing is copied). labels.csv also gets mot_frame and n_persons for reference."""
+    seq = _load(path)
+    dataset = _as_dataset(seq, events or DEFAULT_EVENTS)
+    frame, counted, _ = _box_kinds(seq)
+    extra = {
+        "mot_frame": np.arange(1, seq.frames.n_frames + 1),
+        "n_persons": np.bincount(frame[counted], minlength=seq.frames.n_frames),
+    }
+    return write_labelled(dataset, out_dir, extra_columns=extra, overwrite=overwrite)
