@@ -26,6 +26,7 @@ from models.bundle import load_bundle
 from models.datasets import LabelledDataset
 from models.errors import FilterForwardError
 from models.evaluation import EventScores, bandwidth_bps, event_f1, runs
+from models.filterspec import FilterSpec
 
 log = logging.getLogger(__name__)
 CAMERA = "replay"
@@ -87,7 +88,7 @@ def replay(
     frames: tuple[int, int],
     base_model: Path | None = None,
     progress: bool = True,
-) -> tuple[RecordingSink, BaseDNN]:
+) -> RecordingSink:
     """Run the dataset's frames [start, stop) through a fresh edge pipeline with these filters."""
     specs = [load_bundle(path) for path in bundles]
     if not specs:
@@ -105,7 +106,7 @@ def replay(
     ):
         pipeline.process(Frame(index=index, timestamp=index / dataset.fps, image=image))
     pipeline.close()
-    return sink, base
+    return sink
 
 
 def evaluate(
@@ -119,23 +120,17 @@ def evaluate(
     progress: bool = True,
 ) -> ReplayReport:
     """Replay, then score each filter (event F1 per the paper) and the bandwidth of what was sent."""
-    sink, _ = replay(dataset, bundles, frames, base_model, progress)
+    labels = {spec.name: _label_for(dataset, spec, event) for spec, _ in map(load_bundle, bundles)}
+    sink = replay(dataset, bundles, frames, base_model, progress)
     start, stop = frames
     reports = []
-    for path in bundles:
-        spec, _ = load_bundle(path)
-        label = event or spec.event
-        if label not in dataset.labels:
-            raise FilterForwardError(
-                f"dataset {dataset.name} has no event {label!r} to score filter {spec.name!r}; "
-                f"its events are {dataset.events()} (pass --event)"
-            )
+    for name, label in labels.items():
         predicted = np.zeros(stop - start, bool)
-        matched = sorted(sink.frames.get(spec.name, ()))
+        matched = sorted(sink.frames.get(name, ()))
         predicted[np.asarray(matched, int) - start] = True
         scores = event_f1(dataset.labels[label][start:stop], predicted, tolerance)
-        n_events = sum(1 for e in sink.events if e.filter == spec.name)
-        reports.append(FilterReport(spec.name, label, scores, len(matched), n_events))
+        n_events = sum(1 for e in sink.events if e.filter == name)
+        reports.append(FilterReport(name, label, scores, len(matched), n_events))
     sent = sorted(set().union(*sink.frames.values())) if sink.frames else []
     n = stop - start
     return ReplayReport(
@@ -145,7 +140,7 @@ def evaluate(
         tolerance=tolerance,
         filters=reports,
         jpeg_bps=bandwidth_bps(sink.jpeg_bytes, n, dataset.fps),
-        clip_bps=bandwidth_bps(_clip_bytes(dataset, sent, crf), n, dataset.fps),
+        clip_bps=bandwidth_bps(_clip_bytes(dataset, sent, frames, crf), n, dataset.fps),
         stream_bps=bandwidth_bps(
             encode_stream_h264((image for _, image in dataset.frames(start, stop)), dataset.fps, crf=crf),
             n,
@@ -155,22 +150,31 @@ def evaluate(
     )
 
 
-def _clip_bytes(dataset: LabelledDataset, sent: list[int], crf: int) -> int:
+def _label_for(dataset: LabelledDataset, spec: FilterSpec, event: str | None) -> str:
+    """The label column a filter is scored against, checked before any frame is replayed."""
+    label = event or spec.event
+    if label not in dataset.labels:
+        raise FilterForwardError(
+            f"dataset {dataset.name} has no event {label!r} to score filter {spec.name!r}; "
+            f"its events are {dataset.events()} (pass --event)"
+        )
+    return label
+
+
+def _clip_bytes(dataset: LabelledDataset, sent: list[int], frames: tuple[int, int], crf: int) -> int:
     """H.264 bytes when each run of sent frames travels as one event clip."""
-    total = 0
-    for first, last in runs(_mask(sent)):
-        offset = sent[0] if sent else 0
-        clip = None
-        for _, image in dataset.frames(first + offset, last + offset + 1):
-            clip = clip or ClipEncoder(image.shape[1], image.shape[0], dataset.fps, crf=crf)
-            clip.add(image)
-        total += len(clip.finish()) if clip else 0
+    start, stop = frames
+    mask = np.zeros(stop - start, bool)
+    mask[np.asarray(sent, int) - start] = True
+    ends = {first + start: last + start for first, last in runs(mask)}  # clip start -> clip end
+    total, current, end = 0, None, -1
+    for index, image in dataset.frames(start, stop):
+        if index in ends:
+            current = ClipEncoder(image.shape[1], image.shape[0], dataset.fps, crf=crf)
+            end = ends[index]
+        if current is not None:
+            current.add(image)
+            if index == end:
+                total += len(current.finish())
+                current = None
     return total
-
-
-def _mask(indices: list[int]) -> np.ndarray:
-    if not indices:
-        return np.zeros(0, bool)
-    mask = np.zeros(indices[-1] - indices[0] + 1, bool)
-    mask[np.asarray(indices) - indices[0]] = True
-    return mask
