@@ -8,8 +8,10 @@ removed while frames flow, without a restart and without a frame seeing a half-c
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +24,8 @@ from models.filterspec import FilterSpec
 from models.taps import PIXEL_TAP, PIXELS, Tap
 
 log = logging.getLogger(__name__)
+# Below this many MCs a frame's scoring is too short to be worth handing to other threads.
+PARALLEL_FROM = 4
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,15 @@ def load_mc(spec: FilterSpec, onnx_bytes: bytes, taps: Mapping[str, Tap], input_
 class MCBank:
     """Scores every MC that applies to a camera on one frame's taps."""
 
-    def __init__(self, taps: Mapping[str, Tap], input_size: tuple[int, int]):
+    def __init__(self, taps: Mapping[str, Tap], input_size: tuple[int, int], workers: int | None = None):
         self.taps = dict(taps)
         self.input_size = input_size
         self._mcs: tuple[LoadedMC, ...] = ()
         self._lock = threading.Lock()  # serialises writers; readers just take the current snapshot
+        # MC sessions are single-threaded and ONNX Runtime releases the GIL, so a bank spreads its MCs
+        # over the cores that the base DNN has just finished with.
+        self.workers = workers or os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(self.workers - 1, "mc") if self.workers > 1 else None
 
     @property
     def filters(self) -> dict[str, FilterSpec]:
@@ -106,15 +114,34 @@ class MCBank:
         self, mcs: Iterable[LoadedMC], taps: Mapping[str, np.ndarray], image: np.ndarray, state: CameraState
     ) -> dict[str, float]:
         """Scores of `mcs` (a snapshot from active()) on one frame's taps and its prepared image."""
+        mcs = tuple(mcs)
+        crops = self._crops(mcs, taps, image)
+        if self._pool is None or len(mcs) < PARALLEL_FROM:
+            return self._run_all(mcs, crops, state)
+        chunks = [mcs[i :: self.workers] for i in range(self.workers)]
+        futures = [self._pool.submit(self._run_all, chunk, crops, state) for chunk in chunks[1:]]
+        scores = self._run_all(chunks[0], crops, state)  # this thread takes a share too
+        for future in futures:
+            scores.update(future.result())
+        return {mc.spec.name: scores[mc.spec.name] for mc in mcs}
+
+    @staticmethod
+    def _crops(mcs: tuple[LoadedMC, ...], taps: Mapping[str, np.ndarray], image: np.ndarray) -> dict:
+        """One contiguous crop per (tap, ROI cells), shared by every MC that reads it."""
         crops: dict[tuple[str, int, int, int, int], np.ndarray] = {}
-        scores: dict[str, float] = {}
         for mc in mcs:
-            crop = crops.get(mc.crop_key)
-            if crop is None:
+            if mc.crop_key not in crops:
                 source = pixels(image) if mc.spec.tap == PIXELS else taps[mc.spec.tap]
-                crop = crops[mc.crop_key] = np.ascontiguousarray(source[:1, :, mc.rows, mc.cols])
-            scores[mc.spec.name] = self._run(mc, crop, state)
-        return scores
+                crops[mc.crop_key] = np.ascontiguousarray(source[:1, :, mc.rows, mc.cols])
+        return crops
+
+    @classmethod
+    def _run_all(cls, mcs: tuple[LoadedMC, ...], crops: dict, state: CameraState) -> dict[str, float]:
+        return {mc.spec.name: cls._run(mc, crops[mc.crop_key], state) for mc in mcs}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
 
     @staticmethod
     def _run(mc: LoadedMC, crop: np.ndarray, state: CameraState) -> float:

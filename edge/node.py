@@ -55,6 +55,7 @@ class EdgeNode:
         for thread in threads:
             thread.join()
         self.log_stats()
+        self.bank.close()
         self.sink.close()
 
     def _run_camera(self, camera: CameraConfig) -> None:

@@ -47,6 +47,21 @@ class StageStats:
 
 
 @dataclass
+class _Recent:
+    """A frame of the pre-roll buffer, its MC scores, and its JPEG once encoded (a back-dated event start
+    may send a frame again for another filter; it is encoded once)."""
+
+    frame: Frame
+    scores: dict[str, float]
+    _jpegs: dict[int, bytes] = field(default_factory=dict)
+
+    def jpeg(self, quality: int) -> bytes:
+        if quality not in self._jpegs:
+            self._jpegs[quality] = encode_jpeg(self.frame.image, quality)
+        return self._jpegs[quality]
+
+
+@dataclass
 class _Track:
     """A filter's smoother on this camera, and the clip being built for its open event (clip policy)."""
 
@@ -69,7 +84,7 @@ class CameraPipeline:
         self.state = CameraState()
         self._tracks: dict[str, _Track] = {}
         # The last n frames and their scores: the pre-roll sent when an event start is back-dated.
-        self._recent: deque[tuple[Frame, dict[str, float]]] = deque(maxlen=1)
+        self._recent: deque[_Recent] = deque(maxlen=1)
 
     def process(self, frame: Frame) -> dict[str, bool]:
         """Handle one frame; returns, per active filter, whether this frame is positive."""
@@ -77,7 +92,7 @@ class CameraPipeline:
         self._sync_tracks(mcs)
         self.stats.frames += 1
         if not mcs:
-            self._recent.append((frame, {}))
+            self._recent.append(_Recent(frame, {}))
             return {}
         prepared = self.base.prepare(frame.image)
         started = time.perf_counter()
@@ -86,7 +101,7 @@ class CameraPipeline:
         scores = self.bank.score(mcs, taps, prepared, self.state)
         self.stats.base_seconds += scored - started
         self.stats.mc_seconds += time.perf_counter() - scored
-        self._recent.append((frame, scores))
+        self._recent.append(_Recent(frame, scores))
         return self._decide(frame, scores)
 
     def _decide(self, frame: Frame, scores: dict[str, float]) -> dict[str, bool]:
@@ -108,10 +123,11 @@ class CameraPipeline:
         return positives
 
     def _send(self, index: int, names: list[str]) -> None:
-        frame, scores = next(((f, s) for f, s in self._recent if f.index == index), (None, {}))
-        if frame is None:
+        recent = next((r for r in self._recent if r.frame.index == index), None)
+        if recent is None:
             return  # older than the pre-roll buffer
-        matched = {name: scores[name] for name in names}
+        frame = recent.frame
+        matched = {name: recent.scores[name] for name in names}
         jpeg_filters = [n for n in matched if self._tracks[n].spec.encoding.kind == "jpeg"]
         for name in matched:
             track = self._tracks[name]
@@ -122,7 +138,7 @@ class CameraPipeline:
         jpeg = b""
         if jpeg_filters:
             quality = max(self._tracks[n].spec.encoding.jpeg_quality for n in jpeg_filters)
-            jpeg = encode_jpeg(frame.image, quality)
+            jpeg = recent.jpeg(quality)
         self.stats.matched += 1
         self.stats.bytes_out += len(jpeg)
         self.sink.frame(MatchedFrame(self.camera, frame.index, frame.timestamp, matched, events, jpeg))

@@ -106,6 +106,7 @@ def replay(
     ):
         pipeline.process(Frame(index=index, timestamp=index / dataset.fps, image=image))
     pipeline.close()
+    bank.close()
     return sink
 
 

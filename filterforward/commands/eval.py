@@ -52,16 +52,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_report(report: ReplayReport) -> str:
+    width = max(len("filter"), *(len(f.name) for f in report.filters))
     lines = [
         f"dataset {report.dataset}, frames {report.frames[0]}:{report.frames[1]}, "
         f"boundary tolerance ±{report.tolerance} frames",
-        f"{'filter':<24} {'event':<22} {'F1':>6} {'prec':>6} {'recall':>6} {'exist':>6} {'overlap':>7} "
+        f"{'filter':<{width}} {'event':<22} {'F1':>6} {'prec':>6} {'recall':>6} {'exist':>6} {'overlap':>7} "
         f"{'events':>6} {'sent':>6}",
     ]
     for f in report.filters:
         s = f.scores
         lines.append(
-            f"{f.name:<24} {f.event:<22} {s.f1:6.3f} {s.precision:6.3f} {s.event_recall:6.3f} {s.existence:6.3f} "
+            f"{f.name:<{width}} {f.event:<22} {s.f1:6.3f} {s.precision:6.3f} {s.event_recall:6.3f} {s.existence:6.3f} "
             f"{s.overlap:7.3f} {f.events:6d} {f.matched_frames:6d}"
         )
     lines += [

@@ -1,0 +1,109 @@
+"""`filterforward train`: train one microclassifier on a labelled dataset and write its filter bundle."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import get_args
+
+from pydantic import ValidationError
+
+from models.errors import FilterForwardError
+from models.filterspec import Architecture
+from models.roi import ROI
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="train a microclassifier for one event of a labelled dataset",
+        description="Train one MC from cached base-DNN features (computed once per dataset, tap and ROI) and "
+        "write a filter bundle (spec.json + model.onnx) that the edge and the cloud accept. The threshold is "
+        "chosen on the training frames; keep the other frames for `filterforward eval`.",
+    )
+    parser.add_argument("dataset", type=Path, help="dataset folder (labels.csv + video or images)")
+    parser.add_argument("--event", help="label column to learn (default: the dataset's only event)")
+    parser.add_argument(
+        "--arch", choices=get_args(Architecture), default="localized", help="MC architecture (default localized)"
+    )
+    parser.add_argument(
+        "--tap", help="base-DNN tap (default: late for full_frame, mid for localized/windowed, pixels for discrete)"
+    )
+    parser.add_argument(
+        "--roi", help="x0,y0,x1,y1 in 0..1 (default: the event's region in dataset.yaml, else the full frame)"
+    )
+    parser.add_argument("--input-size", help="base-DNN input WxH, multiples of 32 (default: the frame size rounded)")
+    parser.add_argument("--frames", default=None, help="training frames START:STOP (default: the first half)")
+    parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch size, half positives (default 32)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    parser.add_argument("--window", type=int, default=5, help="frames a windowed MC stacks (default 5)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: MCs are tiny)")
+    parser.add_argument("--name", help="filter name (default: EVENT-ARCH)")
+    parser.add_argument("--base-model", type=Path, help="base ONNX model with named taps (default: EfficientNet-Lite0)")
+    parser.add_argument("--out", type=Path, required=True, help="bundle folder to write")
+    parser.set_defaults(func=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from filterforward.commands.options import parse_range, parse_size
+    from models.datasets.labelled import open_dataset
+    from models.taps import round_input_size
+    from models.training import TrainConfig, train_mc
+
+    dataset = open_dataset(args.dataset)
+    event = _event(args.event, dataset.events())
+    frames = parse_range(args.frames, dataset.n_frames) if args.frames else (0, max(1, dataset.n_frames // 2))
+    config = TrainConfig(
+        event=event,
+        architecture=args.arch,
+        input_size=parse_size(args.input_size) if args.input_size else round_input_size(dataset.frame_size),
+        tap=args.tap,
+        roi=_parse_roi(args.roi) if args.roi else dataset.roi(event),
+        frames=frames,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        window=args.window,
+        name=args.name,
+        threads=args.threads,
+    )
+    result = train_mc(dataset, config, args.out, args.base_model)
+    spec, scores = result.spec, result.train_scores
+    roi = spec.roi
+    print(
+        f"filter {spec.name}: {spec.architecture} on tap {spec.tap}, ROI {roi.x0:g},{roi.y0:g},{roi.x1:g},{roi.y1:g} "
+        f"at {spec.input_size[0]}x{spec.input_size[1]}"
+    )
+    print(
+        f"trained on frames {frames[0]}:{frames[1]} ({result.n_positive} positive, {result.n_negative} negative), "
+        f"{len(result.losses)} steps, final loss {result.losses[-1]:.4f}"
+    )
+    print(
+        f"threshold {spec.smoothing.threshold:g} (k={spec.smoothing.k} of n={spec.smoothing.n}): train event F1 "
+        f"{scores.f1:.3f} (precision {scores.precision:.3f}, event recall {scores.event_recall:.3f}, "
+        f"{scores.n_detected}/{scores.n_events} events)"
+    )
+    print(f"bundle: {result.bundle}")
+    return 0
+
+
+def _event(event: str | None, events: list[str]) -> str:
+    if event is not None:
+        return event
+    if len(events) == 1:
+        return events[0]
+    raise FilterForwardError(f"the dataset has several events ({', '.join(events)}): choose one with --event")
+
+
+def _parse_roi(text: str) -> ROI:
+    try:
+        x0, y0, x1, y1 = (float(part) for part in text.split(","))
+        return ROI(x0=x0, y0=y0, x1=x1, y1=y1)
+    except ValueError as exc:
+        reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "not four numbers"
+        raise FilterForwardError(
+            f"ROI {text!r} is not valid ({reason}): give x0,y0,x1,y1 in 0..1, e.g. 0.5,0,1,1"
+        ) from None

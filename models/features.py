@@ -1,0 +1,243 @@
+"""The feature cache: run the base DNN once over a dataset's frames and keep the ROI crops MCs train on.
+
+Each (dataset, base model, input size, tap, ROI) has one cache entry: an fp16 array over all frames of the
+dataset (`features.npy`, a sparse memory-mapped file, so caching a frame range costs only that range)
+and a mask of the frames already computed (`filled.npy`). The key hashes the dataset's frame source
+(path, size, modification time) and the base model file, so a changed video or model is never served
+stale features. One base-DNN pass fills every entry requested together. One writer at a time: under
+torchrun, fill the cache on one rank before the others read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from models.base_export import ensure_base_model, file_digest
+from models.cache import cache_dir
+from models.datasets.labelled import LabelledDataset
+from models.errors import FilterForwardError
+from models.roi import FULL_FRAME, ROI
+from models.taps import PIXEL_TAP, PIXELS, check_input_size
+
+log = logging.getLogger(__name__)
+
+FEATURES_FILE = "features.npy"
+FILLED_FILE = "filled.npy"
+META_FILE = "meta.json"
+
+
+@dataclass(frozen=True)
+class FeatureRequest:
+    """Which crop to cache: a tap (or `pixels`) cut to an ROI."""
+
+    tap: str
+    roi: ROI = FULL_FRAME
+
+
+@dataclass
+class _Entry:
+    request: FeatureRequest
+    path: Path
+    frames: tuple[int, int]  # the requested range
+    missing: np.ndarray  # frame indices of that range not cached yet
+
+
+def cached_features(
+    dataset: LabelledDataset,
+    requests: Sequence[FeatureRequest],
+    input_size: tuple[int, int],
+    frames: tuple[int, int] | None = None,
+    model_path: Path | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> dict[FeatureRequest, np.ndarray]:
+    """ROI crops (fp16, [stop - start, C, h, w], read-only memmaps) of frames start..stop-1 per request.
+
+    Frames missing from the cache are computed first, with one base-DNN run per frame for all requests.
+    """
+    try:
+        input_size = check_input_size(tuple(input_size))
+    except ValueError as exc:
+        raise FilterForwardError(str(exc)) from None
+    start, stop = _checked_range(dataset, frames)
+    needs_model = any(r.tap != PIXELS for r in requests)
+    model_digest = file_digest(_base_model_file(model_path)) if needs_model else ""
+    # Pixel crops do not depend on the base model (it only resizes them), so their key leaves it out.
+    entries = [
+        _entry(dataset, r, input_size, PIXELS if r.tap == PIXELS else model_digest, start, stop)
+        for r in dict.fromkeys(requests)
+    ]
+    todo = [e for e in entries if e.missing.size]
+    if todo:
+        _fill(dataset, todo, input_size, model_path, batch_size, progress)
+    else:
+        log.debug("feature cache hit for %s frames %d:%d", dataset.name, start, stop)
+    return {e.request: np.load(e.path / FEATURES_FILE, mmap_mode="r")[start:stop] for e in entries}
+
+
+def cache_key(dataset: LabelledDataset, request: FeatureRequest, input_size: tuple[int, int], model_digest: str) -> str:
+    """Hash of everything the cached values depend on."""
+    stat = dataset.source.stat()
+    identity = {
+        "source": str(dataset.source.resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "n_frames": dataset.n_frames,
+        "model": model_digest,
+        "input_size": list(input_size),
+        "tap": request.tap,
+        "roi": [request.roi.x0, request.roi.y0, request.roi.x1, request.roi.y1],
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _base_model_file(model_path: Path | None) -> Path:
+    if model_path is None:
+        return ensure_base_model()
+    if not Path(model_path).is_file():
+        raise FilterForwardError(
+            f"base model {model_path} does not exist: give the path of an ONNX file with named taps"
+        )
+    return Path(model_path)
+
+
+def _checked_range(dataset: LabelledDataset, frames: tuple[int, int] | None) -> tuple[int, int]:
+    start, stop = frames if frames is not None else (0, dataset.n_frames)
+    if not 0 <= start < stop <= dataset.n_frames:
+        raise FilterForwardError(
+            f"frame range {start}:{stop} is not inside the {dataset.n_frames} frames of {dataset.name}: "
+            f"pick START:STOP with 0 <= START < STOP <= {dataset.n_frames}"
+        )
+    return start, stop
+
+
+def _entry(
+    dataset: LabelledDataset,
+    request: FeatureRequest,
+    input_size: tuple[int, int],
+    model_digest: str,
+    start: int,
+    stop: int,
+) -> _Entry:
+    path = cache_dir("features", cache_key(dataset, request, input_size, model_digest))
+    filled = _read_filled(path, dataset.n_frames)
+    missing = start + np.flatnonzero(~filled[start:stop])
+    return _Entry(request, path, (start, stop), missing)
+
+
+def _read_filled(path: Path, n_frames: int) -> np.ndarray:
+    """The mask of cached frames; all False unless both files are intact."""
+    try:
+        filled = np.load(path / FILLED_FILE)
+        features = np.load(path / FEATURES_FILE, mmap_mode="r")
+        if filled.shape == (n_frames,) and features.shape[0] == n_frames and features.dtype == np.float16:
+            return filled
+    except (OSError, ValueError):
+        pass
+    log.debug("no usable feature cache in %s: computing its frames", path)
+    return np.zeros(n_frames, dtype=bool)
+
+
+def _fill(
+    dataset: LabelledDataset,
+    entries: list[_Entry],
+    input_size: tuple[int, int],
+    model_path: Path | None,
+    batch_size: int,
+    progress: bool,
+) -> None:
+    """One pass of the base DNN over the frames any entry misses, writing every entry's crop."""
+    from edge.basednn import BaseDNN, pixels  # onnxruntime + OpenCV: only needed when computing
+
+    base = BaseDNN(input_size, model_path)
+    needed = {e.request.tap for e in entries}
+    taps = sorted(needed - {PIXELS})
+    unknown = [tap for tap in taps if tap not in base.taps]
+    if unknown:
+        raise FilterForwardError(f"the base model has no tap {unknown[0]!r}; it has {sorted(base.taps)} and {PIXELS!r}")
+    arrays = [
+        _open_array(e, base.taps.get(e.request.tap, PIXEL_TAP).shape(input_size), dataset.n_frames) for e in entries
+    ]
+    wanted = np.unique(np.concatenate([e.missing for e in entries]))
+    log.info(
+        "computing %s features of %d frames of %s at %dx%d",
+        ", ".join(sorted(needed)),
+        wanted.size,
+        dataset.name,
+        *input_size,
+    )
+    done = 0
+    with tqdm(total=wanted.size, desc=f"base DNN on {dataset.name}", unit="frame", disable=not progress) as bar:
+        for indices, images in _batches(dataset, wanted, base.prepare, batch_size):
+            outputs = base.run(images, taps) if taps else {}
+            if PIXELS in needed:
+                outputs[PIXELS] = pixels(images)
+            for entry, array in zip(entries, arrays, strict=True):
+                _store(array, entry.request, outputs[entry.request.tap], indices)
+            done += len(indices)
+            bar.update(len(indices))
+    if done != wanted.size:
+        raise FilterForwardError(f"{dataset.source} decoded only {done} of the {wanted.size} frames needed")
+    for entry, array in zip(entries, arrays, strict=True):
+        array.flush()
+        _mark_filled(entry, dataset.n_frames)
+
+
+def _open_array(entry: _Entry, tap_shape: tuple[int, int, int], n_frames: int) -> np.memmap:
+    """The entry's array, created (empty, sparse) when absent or not of the expected shape."""
+    channels, height, width = tap_shape
+    shape = (n_frames, channels, *entry.request.roi.cell_shape(height, width))
+    path = entry.path / FEATURES_FILE
+    try:
+        array = np.load(path, mmap_mode="r+")
+        if array.shape == shape and array.dtype == np.float16:
+            return array
+    except (OSError, ValueError):
+        pass
+    (entry.path / FILLED_FILE).unlink(missing_ok=True)
+    entry.missing = np.arange(*entry.frames)  # nothing of a fresh array is cached
+    return np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=shape)
+
+
+def _batches(
+    dataset: LabelledDataset, wanted: np.ndarray, prepare: Callable[[np.ndarray], np.ndarray], batch_size: int
+) -> Iterable[tuple[np.ndarray, np.ndarray]]:
+    """Decode frames first..last of `wanted` in order and yield batches of the wanted ones, prepared."""
+    wanted_set = set(wanted.tolist())
+    indices: list[int] = []
+    images: list[np.ndarray] = []
+    for index, frame in dataset.frames(int(wanted[0]), int(wanted[-1]) + 1):
+        if index not in wanted_set:
+            continue
+        indices.append(index)
+        images.append(prepare(frame))
+        if len(indices) == batch_size:
+            yield np.array(indices), np.stack(images)
+            indices, images = [], []
+    if indices:
+        yield np.array(indices), np.stack(images)
+
+
+def _store(array: np.memmap, request: FeatureRequest, tap: np.ndarray, indices: np.ndarray) -> None:
+    rows, cols = request.roi.cells(*tap.shape[2:])
+    array[indices] = tap[:, :, rows, cols].astype(np.float16)
+
+
+def _mark_filled(entry: _Entry, n_frames: int) -> None:
+    filled = _read_filled(entry.path, n_frames)
+    filled[entry.missing] = True
+    tmp = entry.path / f"{FILLED_FILE}.{os.getpid()}.tmp"
+    with tmp.open("wb") as handle:
+        np.save(handle, filled)
+    tmp.replace(entry.path / FILLED_FILE)  # atomic: a reader sees the old mask or the new one
+    meta = {"tap": entry.request.tap, "roi": entry.request.roi.model_dump(), "frames_cached": int(filled.sum())}
+    (entry.path / META_FILE).write_text(json.dumps(meta, indent=2))

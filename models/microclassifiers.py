@@ -1,0 +1,219 @@
+"""Microclassifier architectures (torch): tiny heads that read a cropped base-DNN tap and output P(event).
+
+Every MC takes `features` [B, C, h, w] (the tap cropped to its ROI) and its `forward` returns `score` [B],
+a probability. Training uses `logits` (same graph without the final sigmoid) for a stable BCE loss.
+The windowed MC is stateful on the edge: its forward takes the current frame's features plus the history
+of reduced features of the previous W-1 frames and also returns this frame's reduction; `logits` takes a
+whole window [B, W, C, h, w] with a validity mask so that training sees exactly the edge's zeros before the
+first frame of a stream.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import get_args
+
+import torch
+from torch import nn
+
+from models.errors import FilterForwardError
+from models.filterspec import Architecture
+
+ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
+# The FC input of localized/windowed/discrete MCs is max-pooled to at most this many cells per side so that
+# its size (and the MC's cost) does not grow with the ROI or the input resolution.
+MAX_FC_GRID = 8
+
+
+class MicroClassifier(nn.Module):
+    """Common interface: `logits(features, valid=None) -> [B]`, `forward(features) -> score [B]`."""
+
+    architecture: str = ""
+    window: int = 1
+
+    def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.logits(features))
+
+
+def separable(cin: int, cout: int, stride: int) -> nn.Sequential:
+    """Depthwise 3x3 then pointwise 1x1, ReLU: the cheap 3x3 conv of the localized MCs."""
+    return nn.Sequential(
+        nn.Conv2d(cin, cin, 3, stride, padding=1, groups=cin),
+        nn.Conv2d(cin, cout, 1),
+        nn.ReLU(inplace=True),
+    )
+
+
+def conv_out(size: int, stride: int) -> int:
+    """Output length of a 3x3 conv with padding 1."""
+    return (size - 1) // stride + 1
+
+
+def grid_pool(hw: tuple[int, int], grid: int = MAX_FC_GRID) -> tuple[nn.Module, tuple[int, int]]:
+    """A max pool that brings an (h, w) map down to at most grid x grid cells, and the pooled size."""
+    kernel = tuple(math.ceil(size / grid) for size in hw)
+    if kernel == (1, 1):
+        return nn.Identity(), hw
+    pooled = tuple(math.ceil(size / k) for size, k in zip(hw, kernel, strict=True))
+    return nn.MaxPool2d(kernel, kernel, ceil_mode=True), pooled
+
+
+class PooledFC(nn.Module):
+    """Max-pool to a bounded grid, flatten, FC `hidden` ReLU, FC 1: one logit per sample."""
+
+    def __init__(self, channels: int, hw: tuple[int, int], hidden: int):
+        super().__init__()
+        self.pool, (height, width) = grid_pool(hw)
+        self.fc = nn.Sequential(
+            nn.Flatten(), nn.Linear(channels * height * width, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, 1)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.pool(x)).squeeze(1)
+
+
+class LocalizedHead(nn.Module):
+    """Separable 3x3 (depth 16, stride 1) -> separable 3x3 (depth 32, stride 2) -> pooled FC 200 -> logit."""
+
+    def __init__(self, channels: int, crop_hw: tuple[int, int], depths: tuple[int, int] = (16, 32), hidden: int = 200):
+        super().__init__()
+        self.convs = nn.Sequential(separable(channels, depths[0], 1), separable(depths[0], depths[1], 2))
+        out_hw = (conv_out(crop_hw[0], 2), conv_out(crop_hw[1], 2))
+        self.fc = PooledFC(depths[1], out_hw, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(x))
+
+
+class FullFrame(MicroClassifier):
+    """A tiny classifier at every cell (1x1 convs 32, 32, 1), max over cells: "is the object anywhere?"."""
+
+    architecture = "full_frame"
+
+    def __init__(self, channels: int, hidden: tuple[int, int] = (32, 32)):
+        super().__init__()
+        self.cells = nn.Sequential(
+            nn.Conv2d(channels, hidden[0], 1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(hidden[0], hidden[1], 1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(hidden[1], 1, 1),
+        )
+
+    def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        return self.cells(features).amax(dim=(1, 2, 3))
+
+
+class Localized(MicroClassifier):
+    """The localized binary classifier on the ROI crop of a mid tap."""
+
+    architecture = "localized"
+
+    def __init__(self, channels: int, crop_hw: tuple[int, int]):
+        super().__init__()
+        self.head = LocalizedHead(channels, crop_hw)
+
+    def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        return self.head(features)
+
+
+class Windowed(MicroClassifier):
+    """1x1 reduction per frame, the last W reductions stacked on channels (oldest first), localized head.
+
+    The head uses separable 3x3 convs: a dense 3x3 conv on W x R stacked channels would cost more than all
+    other MCs together at full-frame ROIs.
+    """
+
+    architecture = "windowed"
+
+    def __init__(self, channels: int, crop_hw: tuple[int, int], window: int = 5, reduced: int = 16):
+        super().__init__()
+        if window < 2:
+            raise FilterForwardError(f"a windowed MC needs a window of at least 2 frames, got {window}")
+        self.window = window
+        self.reduced = reduced
+        self.reduce = nn.Sequential(nn.Conv2d(channels, reduced, 1), nn.ReLU(inplace=True))
+        self.head = LocalizedHead(window * reduced, crop_hw)
+
+    def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """`features` [B, W, C, h, w], oldest first; `valid` [B, W] is False for frames before the stream."""
+        batch, window = features.shape[:2]
+        reduced = self.reduce(features.flatten(0, 1)).unflatten(0, (batch, window))
+        if valid is not None:
+            reduced = reduced * valid[:, :, None, None, None].to(reduced.dtype)
+        return self.head(reduced.flatten(1, 2))
+
+    def forward(self, features: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        """One edge step: `history` [B, (W-1)*R, h, w] -> (score [B], this frame's reduction [B, R, h, w])."""
+        reduced = self.reduce(features)
+        score = torch.sigmoid(self.head(torch.cat([history, reduced], dim=1)))
+        return score, reduced
+
+
+class Discrete(MicroClassifier):
+    """NoScope-style baseline on pixels: five 3x3 stride-2 convs (16/32/64/64/64), pooled FC 128, logit."""
+
+    architecture = "discrete"
+
+    def __init__(self, channels: int, crop_hw: tuple[int, int], depths: tuple[int, ...] = (16, 32, 64, 64, 64)):
+        super().__init__()
+        layers: list[nn.Module] = []
+        cin, hw = channels, crop_hw
+        for depth in depths:
+            layers += [nn.Conv2d(cin, depth, 3, 2, padding=1), nn.ReLU(inplace=True)]
+            cin, hw = depth, (conv_out(hw[0], 2), conv_out(hw[1], 2))
+        self.convs = nn.Sequential(*layers)
+        self.fc = PooledFC(cin, hw, 128)
+
+    def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        return self.fc(self.convs(features))
+
+
+def build_mc(architecture: str, channels: int, crop_hw: tuple[int, int], window: int = 5) -> MicroClassifier:
+    """A fresh (untrained) MC for a crop of `channels` x `crop_hw` cells."""
+    height, width = crop_hw
+    if height < 1 or width < 1 or channels < 1:
+        raise FilterForwardError(f"MC input must have at least one channel and cell, got {channels}x{height}x{width}")
+    if architecture == "full_frame":
+        return FullFrame(channels)
+    if architecture == "localized":
+        return Localized(channels, crop_hw)
+    if architecture == "windowed":
+        return Windowed(channels, crop_hw, window)
+    if architecture == "discrete":
+        return Discrete(channels, crop_hw)
+    raise FilterForwardError(f"unknown MC architecture {architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
+
+
+def example_inputs(model: MicroClassifier, crop_chw: tuple[int, int, int], batch: int = 1) -> tuple[torch.Tensor, ...]:
+    """Inputs of the edge-side forward: (features,) or, for windowed MCs, (features, history)."""
+    features = torch.randn(batch, *crop_chw)
+    if isinstance(model, Windowed):
+        _, height, width = crop_chw
+        return features, torch.rand(batch, (model.window - 1) * model.reduced, height, width)
+    return (features,)
+
+
+def count_macs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
+    """Multiply-accumulates of one forward pass (convs and linears, which dominate), per sample."""
+    total = 0
+
+    def hook(module: nn.Module, _inputs: tuple, output: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(module, nn.Conv2d):
+            per_output = module.in_channels // module.groups * math.prod(module.kernel_size)
+            total += output[0].numel() * per_output
+        else:
+            total += output[0].numel() * module.in_features
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+    try:
+        with torch.no_grad():
+            model(*(x[:1] for x in inputs))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total

@@ -1,0 +1,158 @@
+"""Filter bundles: write/load round trip, and every kind of bad bundle refused with a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from models.bundle import MAX_MODEL_BYTES, MODEL_FILE, SPEC_FILE, check_mc_model, crop_shape, load_bundle, write_bundle
+from models.errors import FilterForwardError
+from models.filterspec import FilterSpec
+from models.mc_export import export_mc, to_onnx
+from models.microclassifiers import build_mc
+from models.roi import ROI
+from models.taps import EFFICIENTNET_LITE0_TAPS
+
+INPUT_SIZE = (320, 192)
+ROI_RIGHT = ROI(x0=0.5, y0=0.25, x1=1.0, y1=1.0)
+
+
+def spec_for(architecture: str, tap: str, **changes: object) -> FilterSpec:
+    return FilterSpec(name="cars", architecture=architecture, tap=tap, roi=ROI_RIGHT, input_size=INPUT_SIZE, **changes)
+
+
+def tap_shape(tap: str, input_size: tuple[int, int] = INPUT_SIZE) -> tuple[int, int, int]:
+    return EFFICIENTNET_LITE0_TAPS[tap].shape(input_size)
+
+
+def trained_like(spec: FilterSpec) -> bytes:
+    """An (untrained) MC exported for the spec's tap and ROI: what training writes into a bundle."""
+    crop = crop_shape(spec, tap_shape(spec.tap))
+    return export_mc(build_mc(spec.architecture, crop[0], crop[1:], spec.window), crop)
+
+
+def export_module(module: nn.Module, crop: tuple[int, int, int], outputs: list[str]) -> bytes:
+    return to_onnx(module, (torch.zeros(1, *crop),), ["features"], outputs)
+
+
+@pytest.fixture(scope="module")
+def localized() -> tuple[FilterSpec, bytes]:
+    spec = spec_for("localized", "mid")
+    return spec, trained_like(spec)
+
+
+@pytest.mark.parametrize(("architecture", "tap"), [("full_frame", "late"), ("localized", "mid"), ("windowed", "mid")])
+def test_bundle_round_trip_and_check(tmp_path: Path, architecture: str, tap: str) -> None:
+    spec = spec_for(architecture, tap, window=3)
+    onnx_bytes = trained_like(spec)
+    write_bundle(tmp_path / "b", spec, onnx_bytes)
+    loaded_spec, loaded_bytes = load_bundle(tmp_path / "b")
+    assert loaded_spec == spec
+    assert loaded_bytes == onnx_bytes
+    check_mc_model(loaded_spec, loaded_bytes, tap_shape(tap))
+
+
+def test_corrupt_onnx_is_refused(localized: tuple[FilterSpec, bytes]) -> None:
+    spec, onnx_bytes = localized
+    with pytest.raises(FilterForwardError, match="not a valid ONNX file"):
+        check_mc_model(spec, b"\x08\x07garbage" * 50, tap_shape("mid"))
+    with pytest.raises(FilterForwardError, match="not a valid ONNX file"):
+        check_mc_model(spec, onnx_bytes[: len(onnx_bytes) // 2], tap_shape("mid"))
+
+
+def test_model_for_another_tap_roi_or_size_is_refused(localized: tuple[FilterSpec, bytes]) -> None:
+    spec, onnx_bytes = localized
+    with pytest.raises(FilterForwardError, match=r"needs \[batch, 112, 11, 10\]; retrain"):
+        check_mc_model(spec, onnx_bytes, tap_shape("mid", (320, 224)))
+    full = spec.model_copy(update={"roi": ROI()})
+    with pytest.raises(FilterForwardError, match=r"has shape \[batch, 112, 9, 10\], but tap 'mid'"):
+        check_mc_model(full, onnx_bytes, tap_shape("mid"))
+    with pytest.raises(FilterForwardError, match="needs \\[batch, 320"):
+        check_mc_model(spec.model_copy(update={"tap": "late"}), onnx_bytes, tap_shape("late"))
+
+
+class TwoOutputs(nn.Module):
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.sigmoid(features.mean(dim=(1, 2, 3))), features.amax(dim=(1, 2, 3))
+
+
+class Unbounded(nn.Module):
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.mean(dim=(1, 2, 3)) + 5.0
+
+
+class Column(nn.Module):
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(features.mean(dim=(2, 3))[:, :1])
+
+
+def test_models_breaking_the_output_contract_are_refused(localized: tuple[FilterSpec, bytes]) -> None:
+    spec = localized[0]
+    crop = crop_shape(spec, tap_shape("mid"))
+    with pytest.raises(FilterForwardError, match=r"outputs \['score', 'extra'\], expected exactly \['score'\]"):
+        check_mc_model(spec, export_module(TwoOutputs(), crop, ["score", "extra"]), tap_shape("mid"))
+    with pytest.raises(FilterForwardError, match="must be a probability"):
+        check_mc_model(spec, export_module(Unbounded(), crop, ["score"]), tap_shape("mid"))
+    with pytest.raises(FilterForwardError, match=r"shape \[1, 1\] for one frame; it must be \[batch\]"):
+        check_mc_model(spec, export_module(Column(), crop, ["score"]), tap_shape("mid"))
+
+
+def test_windowed_mc_must_match_the_spec_window() -> None:
+    spec = spec_for("windowed", "mid", window=5)
+    onnx_bytes = trained_like(spec)
+    history = r"MC input 'history' has shape \[batch, 64, 9, 10\].*needs \[batch, 32, 9, 10\]"
+    with pytest.raises(FilterForwardError, match=history):
+        check_mc_model(spec.model_copy(update={"window": 3}), onnx_bytes, tap_shape("mid"))
+    # A windowed model under a non-windowed spec: the inputs give it away.
+    with pytest.raises(FilterForwardError, match=r"inputs \['features', 'history'\], expected exactly \['features'\]"):
+        check_mc_model(spec.model_copy(update={"architecture": "localized"}), onnx_bytes, tap_shape("mid"))
+
+
+def test_opset_outside_the_supported_range_is_refused(localized: tuple[FilterSpec, bytes]) -> None:
+    spec = spec_for("full_frame", "late")
+    model = onnx.load_model_from_string(trained_like(spec))
+    model.opset_import[0].version = 12  # the full-frame graph (Conv, Relu, ReduceMax, Sigmoid) is valid at 12
+    with pytest.raises(FilterForwardError, match="opset 12; export it with an opset from 13 to 21"):
+        check_mc_model(spec, model.SerializeToString(), tap_shape("late"))
+
+
+def test_oversized_model_is_refused(tmp_path: Path, localized: tuple[FilterSpec, bytes]) -> None:
+    spec, onnx_bytes = localized
+    with pytest.raises(FilterForwardError, match="over the 16 MiB limit"):
+        check_mc_model(spec, onnx_bytes + bytes(MAX_MODEL_BYTES), tap_shape("mid"))
+    write_bundle(tmp_path, spec, onnx_bytes)
+    os.truncate(tmp_path / MODEL_FILE, MAX_MODEL_BYTES + 1)  # sparse: nothing big is written
+    with pytest.raises(FilterForwardError, match="over the 16 MiB limit"):
+        load_bundle(tmp_path)
+
+
+def test_bad_spec_json_is_refused(tmp_path: Path, localized: tuple[FilterSpec, bytes]) -> None:
+    spec, onnx_bytes = localized
+    write_bundle(tmp_path, spec, onnx_bytes)
+    data = json.loads((tmp_path / SPEC_FILE).read_text())
+    (tmp_path / SPEC_FILE).write_text(json.dumps({**data, "colour": "red"}))
+    with pytest.raises(FilterForwardError, match=r"spec\.json is not a valid filter spec: colour: Extra inputs"):
+        load_bundle(tmp_path)
+    (tmp_path / SPEC_FILE).write_text(json.dumps({**data, "architecture": "yolo"}))
+    with pytest.raises(FilterForwardError, match="architecture: Input should be"):
+        load_bundle(tmp_path)
+    (tmp_path / SPEC_FILE).write_text("{not json")
+    with pytest.raises(FilterForwardError, match="not valid JSON"):
+        load_bundle(tmp_path)
+
+
+def test_missing_parts_are_explained(tmp_path: Path, localized: tuple[FilterSpec, bytes]) -> None:
+    with pytest.raises(FilterForwardError, match="is not a folder"):
+        load_bundle(tmp_path / "nope")
+    with pytest.raises(FilterForwardError, match=r"spec\.json is missing"):
+        load_bundle(tmp_path)
+    write_bundle(tmp_path, *localized)
+    (tmp_path / MODEL_FILE).unlink()
+    with pytest.raises(FilterForwardError, match=r"has no model\.onnx"):
+        load_bundle(tmp_path)

@@ -1,0 +1,256 @@
+"""Feature cache and single-process training on real synthetic clips, the real base DNN and ONNX Runtime."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge.basednn import BaseDNN
+from edge.mcbank import CameraState, MCBank
+from edge.smoother import smooth_scores
+from filterforward.cli import main
+from models.base_export import ensure_base_model, file_digest
+from models.bundle import check_mc_model, load_bundle
+from models.cache import cache_dir
+from models.datasets.labelled import LabelledDataset
+from models.datasets.synth import write_synthetic
+from models.errors import FilterForwardError
+from models.evaluation import event_f1
+from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
+from models.filterspec import Smoothing
+from models.roi import ROI
+from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
+from models.training import BalancedSampler, TrainConfig, choose_threshold, load_training_data, train_mc
+
+TINY_SIZE = (128, 96)
+CLIP_SIZE = (320, 192)
+RIGHT_HALF = ROI(x0=0.5, y0=0.0, x1=1.0, y1=1.0)
+
+
+@pytest.fixture(scope="module")
+def base_model() -> Path:
+    """The exported base DNN from the usual cache (shared with the other tests, exported once)."""
+    return ensure_base_model()
+
+
+@pytest.fixture(scope="module")
+def feature_cache(base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh cache for features, so that hits and misses here are this module's own."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("cache")
+        patch.setenv("FILTERFORWARD_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def tiny(feature_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> LabelledDataset:
+    """48 frames at 128x96; seed 1 has positive, negative and uncertain frames of any_object early on."""
+    return write_synthetic(tmp_path_factory.mktemp("tiny"), n_frames=48, size=TINY_SIZE, seed=1)
+
+
+@pytest.fixture(scope="module")
+def clip(feature_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> LabelledDataset:
+    """480 frames at 320x192; seed 3 has several objects in both halves."""
+    return write_synthetic(tmp_path_factory.mktemp("clip"), n_frames=480, size=CLIP_SIZE, seed=3)
+
+
+@pytest.fixture(scope="module")
+def clip_taps(clip: LabelledDataset, base_model: Path) -> dict[str, np.ndarray]:
+    """Full-frame late and mid taps of every frame of the clip, from one pass of the base DNN."""
+    requests = [FeatureRequest("late"), FeatureRequest("mid")]
+    out = cached_features(clip, requests, CLIP_SIZE, None, base_model, progress=False)
+    return {request.tap: array for request, array in out.items()}
+
+
+def test_cached_features_are_the_base_dnn_taps_cropped(tiny: LabelledDataset, base_model: Path) -> None:
+    requests = [FeatureRequest("mid", RIGHT_HALF), FeatureRequest("pixels")]
+    out = cached_features(tiny, requests, TINY_SIZE, (10, 20), base_model, progress=False)
+    assert out[requests[0]].shape == (10, 112, 6, 4)
+    assert out[requests[1]].shape == (10, 3, 96, 128)
+    assert out[requests[0]].dtype == np.float16
+
+    ((_, frame),) = tiny.frames(13, 14)
+    base = BaseDNN(TINY_SIZE, base_model)
+    image = base.prepare(frame)
+    mid = base.run(image, ["mid"])["mid"][0, :, :, 4:]
+    np.testing.assert_allclose(out[requests[0]][3], mid, rtol=1e-2, atol=1e-2)
+    np.testing.assert_allclose(out[requests[1]][3], image.transpose(2, 0, 1) / 255.0, atol=1e-3)
+
+
+def test_pixel_crops_do_not_depend_on_the_base_model(
+    tiny: LabelledDataset, base_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    both = [FeatureRequest("mid"), FeatureRequest("pixels", RIGHT_HALF)]
+    cached_features(tiny, both, TINY_SIZE, (0, 4), base_model, progress=False)
+    with caplog.at_level(logging.DEBUG, logger="models.features"):
+        cached_features(tiny, both[1:], TINY_SIZE, (0, 4), Path("/nonexistent.onnx"), progress=False)
+    assert "feature cache hit" in caplog.text
+    with pytest.raises(FilterForwardError, match=r"base model /nonexistent\.onnx does not exist"):
+        cached_features(tiny, both[:1], TINY_SIZE, (0, 4), Path("/nonexistent.onnx"), progress=False)
+
+
+def entry_array(dataset: LabelledDataset, request: FeatureRequest, input_size: tuple[int, int], model: Path):
+    key = cache_key(dataset, request, input_size, file_digest(model))
+    return np.load(cache_dir("features", key) / FEATURES_FILE, mmap_mode="r+")
+
+
+def test_second_call_is_served_from_the_cache(
+    tiny: LabelledDataset, base_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    request = FeatureRequest("late")
+    cached_features(tiny, [request], TINY_SIZE, (0, 8), base_model, progress=False)
+    # Mark the cached values: only a cache hit can return the mark.
+    array = entry_array(tiny, request, TINY_SIZE, base_model)
+    array[2, 0, 0, 0] = 1234.0
+    array.flush()
+    with caplog.at_level(logging.DEBUG, logger="models.features"):
+        again = cached_features(tiny, [request], TINY_SIZE, (0, 8), base_model, progress=False)
+    assert again[request][2, 0, 0, 0] == 1234.0
+    assert "feature cache hit" in caplog.text
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="models.features"):
+        wider = cached_features(tiny, [request], TINY_SIZE, (4, 12), base_model, progress=False)
+    assert "of 4 frames" in caplog.text  # only frames 8..11 were missing
+    assert wider[request][0].shape == (320, 3, 4)
+
+
+def test_changed_video_is_not_served_stale_features(
+    tmp_path: Path, base_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    dataset = write_synthetic(tmp_path, n_frames=6, size=TINY_SIZE, seed=5)
+    request = FeatureRequest("early")
+    cached_features(dataset, [request], TINY_SIZE, None, base_model, progress=False)
+    stat = dataset.source.stat()
+    os.utime(dataset.source, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with caplog.at_level(logging.INFO, logger="models.features"):
+        cached_features(dataset, [request], TINY_SIZE, None, base_model, progress=False)
+    assert "of 6 frames" in caplog.text
+
+
+def test_training_data_leaves_out_uncertain_frames(tiny: LabelledDataset, base_model: Path) -> None:
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 20))
+    data = load_training_data(tiny, config, base_model, progress=False)
+    labels = tiny.labels["any_object"]
+    assert (labels[:20] == -1).any()
+    assert set(data.frames.tolist()) == set(np.flatnonzero(labels[:20] != -1).tolist())
+    np.testing.assert_array_equal(data.targets, labels[data.frames] == 1)
+
+
+def test_windowed_training_windows_start_with_zero_history(tiny: LabelledDataset, base_model: Path) -> None:
+    config = TrainConfig(event="any_object", architecture="windowed", input_size=TINY_SIZE, frames=(2, 20), window=5)
+    data = load_training_data(tiny, config, base_model, progress=False)
+    assert data.first == 0  # the frames before the range are context, back to the start of the video
+    windows, valid = data.inputs(np.array([0, 1, 9]))
+    assert windows.shape == (3, 5, *data.crop_chw)
+    np.testing.assert_array_equal(valid.numpy(), [[False] * 4 + [True], [False] * 3 + [True] * 2, [True] * 5])
+    np.testing.assert_array_equal(windows[2].numpy(), np.asarray(data.features[5:10], dtype=np.float32))
+
+
+def test_balanced_batches_are_half_positive() -> None:
+    frames = np.arange(100)
+    targets = (frames % 10 == 0).astype(np.float32)  # 10% positive
+    sampler = iter(BalancedSampler(frames, targets, 32, seed=7))
+    for _ in range(5):
+        batch, batch_targets = next(sampler)
+        assert batch_targets.sum() == 16
+        np.testing.assert_array_equal(targets[batch], batch_targets)
+    again, _ = next(iter(BalancedSampler(frames, targets, 32, seed=7)))
+    first, _ = next(iter(BalancedSampler(frames, targets, 32, seed=7)))
+    np.testing.assert_array_equal(again, first)
+
+
+def test_threshold_maximises_training_event_f1() -> None:
+    labels = np.array([0] * 20 + [1] * 20 + [0] * 20)
+    scores = np.where(labels == 1, 0.9, 0.7)  # only thresholds above 0.7 separate them
+    threshold, result = choose_threshold(scores, labels, Smoothing(k=1, n=1))
+    assert threshold == 0.75  # the best ones are 0.75..0.9; the tie goes to the one nearest 0.5
+    assert result.f1 == 1.0
+
+
+def edge_scores(bundle: Path, features: np.ndarray, tap: str) -> np.ndarray:
+    """Scores of a bundle run frame by frame by the edge's MC bank on full-frame taps."""
+    spec, onnx_bytes = load_bundle(bundle)
+    bank = MCBank(EFFICIENTNET_LITE0_TAPS, CLIP_SIZE)
+    bank.put(spec, onnx_bytes)
+    state, mcs = CameraState(), bank.active("cam")
+    image = np.zeros((CLIP_SIZE[1], CLIP_SIZE[0], 3), np.uint8)
+    return np.array([bank.score(mcs, {tap: f[None].astype(np.float32)}, image, state)[spec.name] for f in features])
+
+
+@pytest.mark.parametrize("architecture", ["full_frame", "localized", "windowed"])
+def test_training_learns_the_event_on_held_out_frames(
+    clip: LabelledDataset, clip_taps: dict[str, np.ndarray], base_model: Path, tmp_path: Path, architecture: str
+) -> None:
+    event = "any_object"  # an object of any colour or shape: each half of the clip has several
+    config = TrainConfig(event=event, architecture=architecture, input_size=CLIP_SIZE, frames=(0, 240), steps=150)
+    result = train_mc(clip, config, tmp_path / "bundle", base_model, progress=False)
+    assert result.train_scores.f1 > 0.9
+
+    # Held out: the second half, scored the way the edge scores a stream (from frame 0, windowed state).
+    scores = edge_scores(result.bundle, clip_taps[config.tap_name], config.tap_name)[240:]
+    labels = clip.labels[event][240:]
+    smoothing = result.spec.smoothing
+    held_out = event_f1(labels, smooth_scores(scores, smoothing.threshold, smoothing.k, smoothing.n)).f1
+    always = event_f1(labels, np.ones(len(labels), bool)).f1  # chance: send every frame
+    assert held_out > 0.85
+    assert held_out > always + 0.25
+
+
+def test_discrete_baseline_trains_on_pixels(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
+    config = TrainConfig(event="any_object", architecture="discrete", input_size=TINY_SIZE, frames=(0, 48), steps=5)
+    result = train_mc(tiny, config, tmp_path, base_model, progress=False)
+    spec, onnx_bytes = load_bundle(result.bundle)
+    assert spec.tap == "pixels"
+    check_mc_model(spec, onnx_bytes, PIXEL_TAP.shape(TINY_SIZE))
+
+
+def test_cli_trains_and_summarises(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ["train", str(tiny.root), "--event", "blue_present", "--arch", "localized", "--roi", "0,0,0.5,1"]
+    argv += ["--frames", "0:40", "--steps", "20", "--base-model", str(base_model), "--out", str(tmp_path / "b")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "filter blue_present-localized: localized on tap mid, ROI 0,0,0.5,1 at 128x96" in out
+    assert "trained on frames 0:40" in out
+    assert "train event F1" in out
+    spec, _ = load_bundle(tmp_path / "b")
+    assert spec.roi == ROI(x0=0, y0=0, x1=0.5, y1=1)
+    assert 0 < spec.smoothing.threshold < 1
+
+
+def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    base = ["train", str(tiny.root), "--out", str(tmp_path)]
+    assert main([*base, "--event", "any_object", "--roi", "0.5,0,0.2,1"]) == 2
+    assert "ROI '0.5,0,0.2,1' is not valid" in capsys.readouterr().err
+    assert main(base) == 2
+    assert "several events" in capsys.readouterr().err
+
+
+def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
+    def train(**changes: object) -> None:
+        config = TrainConfig(
+            **{"event": "any_object", "architecture": "full_frame", "input_size": TINY_SIZE, "steps": 1, **changes}
+        )
+        train_mc(tiny, config, tmp_path, base_model, progress=False)
+
+    with pytest.raises(FilterForwardError, match="has no event 'cars'"):
+        train(event="cars")
+    with pytest.raises(FilterForwardError, match=r"0 positive .* pick a training range with both"):
+        train(frames=(0, 5))
+    with pytest.raises(FilterForwardError, match="frame range 40:60 is not inside the 48 frames"):
+        train(frames=(40, 60))
+    with pytest.raises(FilterForwardError, match="only the discrete baseline reads 'pixels'"):
+        train(architecture="discrete", tap="mid")
+    with pytest.raises(FilterForwardError, match="base model has no tap 'conv_pw_6'"):
+        train(tap="conv_pw_6")
+    with pytest.raises(FilterForwardError, match="unknown optimizer 'sgd'"):
+        train(optimizer="sgd")
+    with pytest.raises(FilterForwardError, match="filter spec would not be valid: name: String should match"):
+        train(name="Cars In Lot")
