@@ -22,6 +22,8 @@ def session_options(threads: int | None) -> ort.SessionOptions:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         options.intra_op_num_threads = threads
+    # Idle pool threads would otherwise spin after each run and hold the cores the MC bank needs next.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options
 
 

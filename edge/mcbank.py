@@ -128,11 +128,13 @@ class MCBank:
     @staticmethod
     def _crops(mcs: tuple[LoadedMC, ...], taps: Mapping[str, np.ndarray], image: np.ndarray) -> dict:
         """One contiguous crop per (tap, ROI cells), shared by every MC that reads it."""
+        sources = dict(taps)
+        if any(mc.spec.tap == PIXELS for mc in mcs):
+            sources[PIXELS] = pixels(image)  # converted once per frame, whatever the number of ROIs
         crops: dict[tuple[str, int, int, int, int], np.ndarray] = {}
         for mc in mcs:
             if mc.crop_key not in crops:
-                source = pixels(image) if mc.spec.tap == PIXELS else taps[mc.spec.tap]
-                crops[mc.crop_key] = np.ascontiguousarray(source[:1, :, mc.rows, mc.cols])
+                crops[mc.crop_key] = np.ascontiguousarray(sources[mc.spec.tap][:1, :, mc.rows, mc.cols])
         return crops
 
     @classmethod

@@ -48,17 +48,19 @@ class StageStats:
 
 @dataclass
 class _Recent:
-    """A frame of the pre-roll buffer, its MC scores, and its JPEG once encoded (a back-dated event start
-    may send a frame again for another filter; it is encoded once)."""
+    """A frame of the pre-roll buffer and its MC scores."""
 
     frame: Frame
     scores: dict[str, float]
-    _jpegs: dict[int, bytes] = field(default_factory=dict)
+    sent_quality: int = 0  # JPEG quality already sent for this frame (0: none)
 
-    def jpeg(self, quality: int) -> bytes:
-        if quality not in self._jpegs:
-            self._jpegs[quality] = encode_jpeg(self.frame.image, quality)
-        return self._jpegs[quality]
+    def jpeg_to_send(self, quality: int) -> bytes:
+        """The frame as JPEG, or b"" when it already went out at this quality or better: a later match
+        of the same frame (another filter's back-dated start) travels as metadata only."""
+        if quality <= self.sent_quality:
+            return b""
+        self.sent_quality = quality
+        return encode_jpeg(self.frame.image, quality)
 
 
 @dataclass
@@ -138,7 +140,7 @@ class CameraPipeline:
         jpeg = b""
         if jpeg_filters:
             quality = max(self._tracks[n].spec.encoding.jpeg_quality for n in jpeg_filters)
-            jpeg = recent.jpeg(quality)
+            jpeg = recent.jpeg_to_send(quality)
         self.stats.matched += 1
         self.stats.bytes_out += len(jpeg)
         self.sink.frame(MatchedFrame(self.camera, frame.index, frame.timestamp, matched, events, jpeg))

@@ -52,13 +52,13 @@ class FolderSink:
 
     def frame(self, matched: MatchedFrame) -> None:
         record = {k: v for k, v in asdict(matched).items() if k != "jpeg"}
-        record["file"] = None  # clip-only filters send no JPEG; their frames travel in the event clip
+        folder = self.root / "frames" / safe_name(matched.camera)
+        path = folder / f"{matched.index:08d}.jpg"
         if matched.jpeg:
-            folder = self.root / "frames" / safe_name(matched.camera)
             folder.mkdir(exist_ok=True)
-            path = folder / f"{matched.index:08d}.jpg"
             path.write_bytes(matched.jpeg)
-            record["file"] = str(path.relative_to(self.root))
+        # No JPEG: sent before (another filter's match of the same frame), or clip-only filters.
+        record["file"] = str(path.relative_to(self.root)) if path.exists() else None
         self._write({"type": "frame", **record})
 
     def event(self, kind: Literal["start", "end"], event: Event, clip: bytes | None = None) -> None:

@@ -100,3 +100,10 @@ def test_unreadable_yaml_and_missing_file(tmp_path: Path) -> None:
     assert "not valid YAML" in filterforward("edge", "run", "--config", str(bad)).stderr
     result = filterforward("edge", "run", "--config", str(tmp_path / "none.yaml"))
     assert result.returncode == 2 and "does not exist" in result.stderr
+
+
+def test_the_example_config_is_valid() -> None:
+    from edge.config import load_edge_config
+
+    config = load_edge_config(Path(__file__).parents[1] / "deploy" / "edge.example.yaml")
+    assert config.cameras[0].pacing == "realtime" and config.input_size == (768, 448)

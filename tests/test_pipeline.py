@@ -89,3 +89,24 @@ def test_windowed_and_localized_run_side_by_side(short_clip, base, make_filter, 
     matched = [r for r in records if r["type"] == "frame"]
     assert len(matched) == 40 and all(set(r["scores"]) == {"win"} for r in matched)
     assert np.isfinite(pipeline.stats.mc_seconds)
+
+
+def test_a_frame_goes_out_as_jpeg_once_when_a_second_filter_backfills_it(
+    short_clip, base, make_filter, tmp_path
+) -> None:
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("full_frame", "late", SIZE, name="eager", bias=10.0, smoothing={"k": 1, "n": 1}))
+    bank.put(*make_filter("full_frame", "late", SIZE, name="patient", bias=10.0, smoothing={"k": 3, "n": 5}))
+    pipeline, records = run_clip(short_clip, base, bank, tmp_path)
+    first_two = [r for r in records if r["type"] == "frame" and r["index"] in (0, 1)]
+    # Frames 0 and 1 go out for "eager" at once, then again for "patient" when its event starts at frame 2
+    # and is back-dated: the second time as metadata pointing at the JPEG already sent.
+    assert [(r["index"], list(r["scores"])) for r in first_two] == [
+        (0, ["eager"]),
+        (1, ["eager"]),
+        (0, ["patient"]),
+        (1, ["patient"]),
+    ]
+    assert first_two[0]["file"] == first_two[2]["file"] and first_two[2]["file"] is not None
+    on_disk = sum(path.stat().st_size for path in (tmp_path / "frames").rglob("*.jpg"))
+    assert pipeline.stats.bytes_out == on_disk  # each of the 40 frames' JPEG was sent exactly once
