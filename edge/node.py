@@ -74,9 +74,9 @@ class EdgeNode:
     def log_stats(self) -> None:
         for name, pipeline in self.pipelines.items():
             source = self._sources[name]
-            s = pipeline.stats.snapshot(dropped=source.stats.frames_dropped)
+            s = pipeline.take_stats().summary(dropped=source.stats.frames_dropped)
             log.info(
-                "camera %s: %.1f fps, base %.1f ms, MCs %.1f ms, %d matched, %d bytes, %d dropped%s",
+                "camera %s: %.1f fps, base %.1f ms, MCs %.1f ms, %d matched, %d bytes, %d dropped so far%s",
                 name,
                 s["fps"],
                 s["base_ms"],

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StageStats:
-    """Counters of one camera's pipeline; `snapshot()` turns them into rates since the last snapshot."""
+    """Counters of one camera's pipeline since `started`."""
 
     frames: int = 0
     matched: int = 0
@@ -30,10 +30,10 @@ class StageStats:
     mc_seconds: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
-    def snapshot(self, dropped: int) -> dict[str, float]:
+    def summary(self, dropped: int) -> dict[str, float]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         frames = max(self.frames, 1)
-        summary = {
+        return {
             "fps": self.frames / elapsed,
             "base_ms": 1000 * self.base_seconds / frames,
             "mc_ms": 1000 * self.mc_seconds / frames,
@@ -42,8 +42,6 @@ class StageStats:
             "bytes_out": self.bytes_out,
             "dropped": dropped,
         }
-        self.__init__()  # type: ignore[misc]  # start the next interval
-        return summary
 
 
 @dataclass
@@ -173,6 +171,11 @@ class CameraPipeline:
         event = track.smoother.flush()
         if event is not None:
             self._end_event(track, event)
+
+    def take_stats(self) -> StageStats:
+        """The counters since the last call; counting starts afresh (for periodic stats lines)."""
+        stats, self.stats = self.stats, StageStats()
+        return stats
 
     def close(self) -> None:
         """End of stream: close every open event."""

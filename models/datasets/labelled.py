@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, m
 
 from models.datasets.frames import IMAGE_SUFFIXES, VIDEO_SUFFIXES, image_files, is_video, probe, read_frames
 from models.errors import FilterForwardError
+from models.evaluation import runs
 from models.roi import FULL_FRAME, ROI
 
 log = logging.getLogger(__name__)
@@ -140,9 +141,7 @@ class LabelledDataset:
         """Separate occurrences of an event as (first, last) frame, inclusive; uncertain frames are skipped."""
         values = self.labels[event]
         certain = np.flatnonzero(values != UNCERTAIN)
-        edges = np.diff(np.concatenate(([0], values[certain] == 1, [0])).astype(np.int8))
-        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
-        return [(int(certain[s]), int(certain[e])) for s, e in zip(starts, ends, strict=True)]
+        return [(int(certain[s]), int(certain[e])) for s, e in runs(values[certain] == 1)]
 
 
 def check_event_name(name: str) -> str:
