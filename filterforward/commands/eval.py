@@ -75,4 +75,6 @@ def format_report(report: ReplayReport) -> str:
 
 
 def _ratio(whole: float, part: float) -> str:
-    return f"{whole / part:.1f}x less" if part > 0 else "nothing sent"
+    if part <= 0:
+        return "nothing sent"
+    return f"{whole / part:.1f}x less" if part <= whole else f"{part / whole:.1f}x more"
