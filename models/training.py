@@ -1,9 +1,15 @@
 """Train one microclassifier for one event of a labelled dataset from cached features, and write its bundle.
 
-The pieces are small on purpose so that distributed training can reuse them: `load_training_data` (the
-cached crops and labels of a frame range), `BalancedSampler` (batches half positive, half negative),
-`make_optimizer` (by name), `train_steps` (the loop), `predict` (scores over a range), `choose_threshold`
-(on the training range only) and `finish_bundle` (export, check, write).
+The pieces are small on purpose so that distributed training (models/distributed_training.py) can reuse
+them: `load_training_data` (the cached crops and labels of a frame range), `BalancedSampler` (batches half
+positive, half negative), `make_optimizer` (by name, with stage lengths scaled to the step budget),
+`train_steps` (the loop, with optional curricula), `predict` (scores over a range), `choose_threshold` (on
+the training range only) and `finish_training` (threshold, export, check, write).
+
+Curriculum learning (Li, Zhang, He 2021) grows the difficulty of the inputs with the step, never their
+shape, so every architecture and every rank trains the same graph: `window` shows a windowed MC only the
+last d frames of its window (older ones masked out, as at the start of a stream), `resolution` shows the
+crop average-pooled to d percent of its cells per side (then repeated back to the full grid).
 """
 
 from __future__ import annotations
@@ -17,11 +23,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from pydantic import ValidationError
+from torch import nn
 from tqdm import tqdm
 
 from edge.smoother import smooth_scores
 from models.bundle import check_mc_model, validation_summary, write_bundle
+from models.curriculum import CurriculumScheduler
 from models.datasets.labelled import UNCERTAIN, LabelledDataset
 from models.errors import FilterForwardError
 from models.evaluation import EventScores, event_f1
@@ -38,8 +47,115 @@ DEFAULT_TAPS = {"full_frame": "late", "localized": "mid", "windowed": "mid", "di
 # Candidate thresholds: a grid fine enough for event F1, never 0 or 1 (FilterSpec needs 0 < t < 1).
 THRESHOLDS = np.round(np.arange(0.05, 0.96, 0.05), 2)
 
-OptimizerFactory = Callable[[Iterable[torch.nn.Parameter], float], torch.optim.Optimizer]
-OPTIMIZERS: dict[str, OptimizerFactory] = {"adam": lambda params, lr: torch.optim.Adam(params, lr=lr)}
+# Factories take (parameters, learning rate, step budget, first step of full difficulty): the compressed
+# optimizers' stage lengths (full-precision warm-up, variance freezing, local-step growth) are fractions of
+# the budget, because their defaults are sized for runs of 100k steps and an MC trains for hundreds. The
+# warm-up starts when the curricula reach full difficulty: entries that easier inputs leave without gradient
+# (the masked frames of a window) would otherwise keep a near-zero frozen variance and blow up when the
+# harder inputs reach them (measured: loss 4e9 by step 10).
+OptimizerFactory = Callable[[Iterable[torch.nn.Parameter], float, int, int], torch.optim.Optimizer]
+WARMUP_FRACTION = 0.2  # 1-bit Adam/LAMB: full-precision steps before the variance freezes (paper: 15-25%)
+VARIANCE_FRACTION = 0.5  # 0/1 Adam: steps with (sparse) variance refreshes before local steps begin
+SYNC_LEVEL_FRACTION = 0.05  # 0/1 Adam: synchronisations per interval level of the local steps
+
+
+def _steps(budget: int, fraction: float, settled: int = 1) -> int:
+    """A fraction of the budget (at least one step), counted from the first step at full difficulty."""
+    return settled - 1 + max(1, round(budget * fraction))
+
+
+def _compressed_factories() -> dict[str, OptimizerFactory]:
+    from models.optimizers import OnebitAdam, OnebitLamb, ZeroOneAdam
+
+    return {
+        "onebit_adam": lambda params, lr, steps, settled: OnebitAdam(
+            params, lr=lr, freeze_step=_steps(steps, WARMUP_FRACTION, settled)
+        ),
+        "zeroone_adam": lambda params, lr, steps, settled: ZeroOneAdam(
+            params,
+            lr=lr,
+            var_freeze_step=_steps(steps, VARIANCE_FRACTION, settled),
+            local_step_scaler=_steps(steps, SYNC_LEVEL_FRACTION),
+        ),
+        "onebit_lamb": lambda params, lr, steps, settled: OnebitLamb(
+            params, lr=lr, freeze_step=_steps(steps, WARMUP_FRACTION, settled)
+        ),
+    }
+
+
+OPTIMIZERS: dict[str, OptimizerFactory] = {
+    "adam": lambda params, lr, steps, settled: torch.optim.Adam(params, lr=lr),
+    **_compressed_factories(),
+}
+CURRICULUM_KINDS = ("window", "resolution")
+FULL_RESOLUTION = 100  # resolution difficulties are percent of the crop's cells per side
+CURRICULUM_SYNTAX = {
+    "fixed_linear": "KIND:fixed_linear:MIN:MAX:TOTAL_STEPS[:DIFFICULTY_STEP], e.g. window:fixed_linear:2:5:100",
+    "fixed_root": "KIND:fixed_root:MIN:MAX:TOTAL_STEPS:ROOT_DEGREE[:DIFFICULTY_STEP], "
+    "e.g. resolution:fixed_root:25:100:200:2",
+    "fixed_discrete": "KIND:fixed_discrete:D1,D2,..:LAST_STEP1,.. (one step fewer), "
+    "e.g. window:fixed_discrete:2,3,5:50,100",
+}
+
+
+@dataclass(frozen=True)
+class Curriculum:
+    """One input difficulty (`window`: frames of W shown; `resolution`: percent of cells per side) and its schedule."""
+
+    kind: str
+    scheduler: CurriculumScheduler
+
+    @property
+    def max_difficulty(self) -> int:
+        return self.scheduler.config.max_difficulty
+
+    @property
+    def settled_step(self) -> int:
+        """The first step at full difficulty (at the latest)."""
+        config = self.scheduler.config
+        if config.schedule == "fixed_discrete":
+            return config.max_steps[-1] + 1 if config.max_steps else 1
+        return config.total_steps
+
+
+def parse_curriculum(text: str) -> Curriculum:
+    """'window:fixed_linear:2:5:100' (see CURRICULUM_SYNTAX) -> a validated Curriculum."""
+    kind, _, rest = text.partition(":")
+    schedule, _, tail = rest.partition(":")
+    values = tail.split(":") if tail else []
+    if kind not in CURRICULUM_KINDS or schedule not in CURRICULUM_SYNTAX:
+        raise FilterForwardError(
+            f"curriculum {text!r} is not KIND:SCHEDULE:..: KIND is {' or '.join(CURRICULUM_KINDS)}, SCHEDULE one of "
+            f"{', '.join(CURRICULUM_SYNTAX)}, e.g. window:fixed_linear:2:5:100"
+        )
+    try:
+        fields = _schedule_fields(schedule, values)
+    except ValueError:
+        raise FilterForwardError(f"curriculum {text!r} is not valid: use {CURRICULUM_SYNTAX[schedule]}") from None
+    try:
+        return Curriculum(kind, CurriculumScheduler(schedule, **fields))
+    except FilterForwardError as exc:
+        raise FilterForwardError(f"curriculum {text!r}: {exc}") from None
+
+
+def _schedule_fields(schedule: str, values: list[str]) -> dict[str, object]:
+    """The scheduler's keyword arguments from the colon-separated values; ValueError on a wrong count or number."""
+    if schedule == "fixed_discrete":
+        if len(values) != 2:
+            raise ValueError(schedule)
+        difficulties = [int(v) for v in values[0].split(",")]
+        max_steps = [int(v) for v in values[1].split(",")] if values[1] else []
+        return {
+            "min_difficulty": min(difficulties),
+            "max_difficulty": max(difficulties),
+            "difficulties": difficulties,
+            "max_steps": max_steps,
+        }
+    names = ["min_difficulty", "max_difficulty", "total_steps"]
+    names += ["root_degree", "difficulty_step"] if schedule == "fixed_root" else ["difficulty_step"]
+    if not len(names) - 1 <= len(values) <= len(names):
+        raise ValueError(schedule)
+    return {name: int(value) for name, value in zip(names, values, strict=False)}
 
 
 @dataclass(frozen=True)
@@ -58,6 +174,7 @@ class TrainConfig:
     seed: int = 0
     window: int = 5
     optimizer: str = "adam"
+    curricula: tuple[Curriculum, ...] = ()
     smoothing: Smoothing = field(default_factory=Smoothing)
     name: str | None = None  # filter name; default "<event>-<architecture>"
     device: str = "cpu"
@@ -121,12 +238,32 @@ def train_mc(
 ) -> TrainResult:
     """Train, pick the threshold on the training range, export to ONNX and write the bundle to `out_dir`."""
     data = load_training_data(dataset, config, model_path, progress)
-    torch.manual_seed(config.seed)
-    model = build_mc(config.architecture, data.crop_chw[0], data.crop_chw[1:], config.window).to(config.device)
-    optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr)
+    model = new_model(config, data)
+    optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr, config.steps, config.curricula)
     sampler = BalancedSampler(data.frames, data.targets, config.batch_size, config.seed)
     with torch_threads(config.threads):
-        losses = train_steps(model, data, optimizer, sampler, config.steps, config.device, progress)
+        losses = train_steps(
+            Logits(model), data, optimizer, sampler, config.steps, config.device, progress, config.curricula
+        )
+    return finish_training(model, data, config, out_dir, model_path, losses)
+
+
+def new_model(config: TrainConfig, data: TrainingData) -> MicroClassifier:
+    """A fresh MC for the data's crops, initialised from the config's seed (the same on every rank)."""
+    torch.manual_seed(config.seed)
+    return build_mc(config.architecture, data.crop_chw[0], data.crop_chw[1:], config.window).to(config.device)
+
+
+def finish_training(
+    model: MicroClassifier,
+    data: TrainingData,
+    config: TrainConfig,
+    out_dir: Path,
+    model_path: Path | None,
+    losses: list[float],
+) -> TrainResult:
+    """Pick the threshold on the training range, export to ONNX and write the bundle to `out_dir`."""
+    with torch_threads(config.threads):
         scores = predict(model, data, np.arange(*data.span), device=config.device)
     threshold, train_scores = choose_threshold(scores, data.labels, config.smoothing)
     spec = make_spec(config, threshold)
@@ -152,11 +289,30 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
             f"reads {PIXELS!r}, and it reads nothing else"
         )
     make_spec(config, 0.5)  # fails fast on a bad name or window, before any work
+    check_curricula(config)
     if config.steps < 1 or config.batch_size < 2 or config.threads < 1:
         raise FilterForwardError(
             f"need steps >= 1, batch size >= 2 and threads >= 1, got {config.steps}, {config.batch_size} and "
             f"{config.threads}"
         )
+
+
+def check_curricula(config: TrainConfig) -> None:
+    """Each kind at most once, and reachable: window only on windowed MCs and at most W, resolution at most 100%."""
+    kinds = [c.kind for c in config.curricula]
+    if len(set(kinds)) < len(kinds):
+        raise FilterForwardError(f"curricula {', '.join(kinds)} repeat a kind: give each kind at most once")
+    for curriculum in config.curricula:
+        if curriculum.kind == "window" and config.architecture != "windowed":
+            raise FilterForwardError(
+                f"a window curriculum needs a windowed MC, not {config.architecture}: use --arch windowed or drop it"
+            )
+        limit = config.window if curriculum.kind == "window" else FULL_RESOLUTION
+        if curriculum.max_difficulty > limit:
+            raise FilterForwardError(
+                f"the {curriculum.kind} curriculum goes up to {curriculum.max_difficulty}, above its limit {limit} "
+                f"({'the window W' if curriculum.kind == 'window' else 'percent of the cells'}): lower its maximum"
+            )
 
 
 @contextmanager
@@ -192,8 +348,11 @@ def load_training_data(
     return TrainingData(features, first, (start, stop), labels, start + certain, targets, config.context)
 
 
-def make_optimizer(name: str, params: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    return OPTIMIZERS[name](params, lr)
+def make_optimizer(
+    name: str, params: Iterable[torch.nn.Parameter], lr: float, steps: int, curricula: tuple[Curriculum, ...] = ()
+) -> torch.optim.Optimizer:
+    """The named optimizer, its stages sized for a budget of `steps` steps and to start after the curricula end."""
+    return OPTIMIZERS[name](params, lr, steps, max((c.settled_step for c in curricula), default=1))
 
 
 class BalancedSampler:
@@ -214,30 +373,70 @@ class BalancedSampler:
             yield frames, targets
 
 
+class Logits(nn.Module):
+    """An MC whose forward is its training logits, so that DDP (which hooks forward) can wrap it."""
+
+    def __init__(self, model: MicroClassifier):
+        super().__init__()
+        self.model = model
+
+    def forward(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model.logits(features, valid)
+
+
 def train_steps(
-    model: MicroClassifier,
+    net: nn.Module,
     data: TrainingData,
     optimizer: torch.optim.Optimizer,
     batches: Iterable[tuple[np.ndarray, np.ndarray]],
     steps: int,
     device: str = "cpu",
     progress: bool = True,
+    curricula: tuple[Curriculum, ...] = (),
 ) -> list[float]:
-    """`steps` optimizer steps of binary cross-entropy; the loss of each step."""
-    model.to(device).train()
+    """`steps` optimizer steps of binary cross-entropy on `net(features, valid)` logits; the loss of each step."""
+    net.to(device).train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
     losses: list[float] = []
-    with tqdm(total=steps, desc=f"training {model.architecture}", unit="step", disable=not progress) as bar:
-        for _, (frames, targets) in zip(range(steps), batches, strict=False):
-            features, valid = data.inputs(frames, device)
-            loss = loss_fn(model.logits(features, valid), torch.from_numpy(targets).to(device))
+    with tqdm(total=steps, desc="training MC", unit="step", disable=not progress) as bar:
+        for step, (frames, targets) in zip(range(1, steps + 1), batches, strict=False):
+            features, valid, difficulties = curriculum_inputs(*data.inputs(frames, device), curricula, step)
+            loss = loss_fn(net(features, valid), torch.from_numpy(targets).to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
             bar.update()
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", **difficulties, refresh=False)
     return losses
+
+
+def curriculum_inputs(
+    features: torch.Tensor, valid: torch.Tensor | None, curricula: tuple[Curriculum, ...], step: int
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, int]]:
+    """The inputs of step `step` (from 1) made as easy as the curricula say, and the difficulty of each kind."""
+    difficulties = {}
+    for curriculum in curricula:
+        difficulty = difficulties[curriculum.kind] = curriculum.scheduler.difficulty(step)
+        if curriculum.kind == "window":
+            assert valid is not None  # check_curricula allows window curricula on windowed MCs only
+            window = valid.shape[1]
+            valid = valid & (torch.arange(window, device=valid.device) >= window - difficulty)
+        else:
+            features = coarsen(features, difficulty)
+    return features, valid, difficulties
+
+
+def coarsen(features: torch.Tensor, percent: int) -> torch.Tensor:
+    """Features [..., C, h, w] average-pooled to `percent` of their cells per side (rounded up), then repeated
+    back to h x w: a coarser view of the same crop, in the shape the MC was built for."""
+    height, width = features.shape[-2:]
+    grid = (-(-height * percent // FULL_RESOLUTION), -(-width * percent // FULL_RESOLUTION))
+    if grid == (height, width):
+        return features
+    maps = features.flatten(0, -4)  # windows [B, W, C, h, w] -> [B*W, C, h, w]; crops stay as they are
+    coarse = F.interpolate(F.adaptive_avg_pool2d(maps, grid), size=(height, width), mode="nearest")
+    return coarse.view_as(features)
 
 
 def predict(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from edge.basednn import BaseDNN
 from edge.mcbank import CameraState, MCBank
@@ -25,7 +26,18 @@ from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_fea
 from models.filterspec import Smoothing
 from models.roi import ROI
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
-from models.training import BalancedSampler, TrainConfig, choose_threshold, load_training_data, train_mc
+from models.training import (
+    BalancedSampler,
+    Logits,
+    TrainConfig,
+    choose_threshold,
+    load_training_data,
+    make_optimizer,
+    new_model,
+    parse_curriculum,
+    train_mc,
+    train_steps,
+)
 
 TINY_SIZE = (128, 96)
 CLIP_SIZE = (320, 192)
@@ -254,3 +266,37 @@ def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: 
         train(optimizer="sgd")
     with pytest.raises(FilterForwardError, match="filter spec would not be valid: name: String should match"):
         train(name="Cars In Lot")
+
+
+def test_curricula_grow_the_window_and_resolution_seen_per_step(tiny: LabelledDataset, base_model: Path) -> None:
+    window, resolution = "window:fixed_linear:1:4:6", "resolution:fixed_discrete:25,50,100:2,4"
+    curricula = (parse_curriculum(window), parse_curriculum(resolution))
+    config = TrainConfig(
+        event="any_object", architecture="windowed", input_size=TINY_SIZE, frames=(0, 48), window=4, curricula=curricula
+    )
+    data = load_training_data(tiny, config, base_model, progress=False)
+    model = new_model(config, data)
+    seen: list[tuple[int, int]] = []  # per step: most frames of the window shown, distinct rows of the crop
+
+    def record(_module: torch.nn.Module, inputs: tuple[torch.Tensor, torch.Tensor]) -> None:
+        windows, valid = inputs
+        shown = int(valid.sum(dim=1).max())  # frames 0..2 lack history, the other samples show the most
+        assert not valid[:, : valid.shape[1] - shown].any()  # only the most recent frames are shown
+        seen.append((shown, torch.unique(windows[0, -1], dim=1).shape[1]))
+
+    net = Logits(model)
+    net.register_forward_pre_hook(record)
+    optimizer = make_optimizer("adam", model.parameters(), 1e-3, 7, curricula)
+    sampler = BalancedSampler(data.frames, data.targets, 16, seed=0)
+    train_steps(net, data, optimizer, sampler, 7, progress=False, curricula=curricula)
+    # window ⌊3s/6⌋ + 1 = 1,2,2,3,3,4,4; rows of the 6-row crop: 25% (steps 1-2) -> 2, 50% (3-4) -> 3, 100% -> 6
+    assert data.crop_chw[1] == 6
+    assert seen == [(1, 2), (2, 2), (2, 3), (3, 3), (3, 6), (4, 6), (4, 6)]
+
+
+def test_curricula_delay_the_variance_freeze_of_compressed_optimizers() -> None:
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    assert make_optimizer("onebit_adam", params, 1e-3, 100).freeze_step == 20
+    late = (parse_curriculum("window:fixed_discrete:2,5:30"), parse_curriculum("resolution:fixed_linear:50:100:10"))
+    assert make_optimizer("onebit_adam", params, 1e-3, 100, late).freeze_step == 30 + 20
+    assert make_optimizer("zeroone_adam", params, 1e-3, 100, late).var_freeze_step == 30 + 50

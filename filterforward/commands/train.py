@@ -37,6 +37,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size, half positives (default 32)")
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    parser.add_argument(
+        "--optimizer",
+        default="adam",
+        help="adam, or a communication-compressed one: onebit_adam, zeroone_adam, onebit_lamb (default adam)",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="training processes on this machine, launched with torchrun (gloo on CPU, NCCL with one GPU each); "
+        "each trains on its own batches, so the global batch is N x --batch-size (default 1: no torchrun)",
+    )
+    parser.add_argument(
+        "--curriculum",
+        action="append",
+        default=[],
+        metavar="KIND:SCHEDULE:...",
+        help="grow an input difficulty during training (repeatable, one per KIND): KIND window (frames of a windowed "
+        "MC's window shown) or resolution (percent of the crop's cells per side); SCHEDULE fixed_linear:MIN:MAX:"
+        "TOTAL_STEPS[:DIFFICULTY_STEP], fixed_root:MIN:MAX:TOTAL_STEPS:ROOT_DEGREE[:DIFFICULTY_STEP] or "
+        "fixed_discrete:D1,D2,..:LAST_STEP1,.. ; e.g. window:fixed_linear:2:5:100",
+    )
     parser.add_argument("--window", type=int, default=5, help="frames a windowed MC stacks (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: MCs are tiny)")
@@ -50,7 +72,7 @@ def _train(args: argparse.Namespace) -> int:
     from filterforward.commands.options import parse_range, parse_size
     from models.datasets.labelled import open_dataset
     from models.taps import round_input_size
-    from models.training import TrainConfig, train_mc
+    from models.training import TrainConfig, parse_curriculum, train_mc
 
     dataset = open_dataset(args.dataset)
     event = _event(args.event, dataset.events())
@@ -67,10 +89,17 @@ def _train(args: argparse.Namespace) -> int:
         lr=args.lr,
         seed=args.seed,
         window=args.window,
+        optimizer=args.optimizer,
+        curricula=tuple(parse_curriculum(text) for text in args.curriculum),
         name=args.name,
         threads=args.threads,
     )
-    result = train_mc(dataset, config, args.out, args.base_model)
+    if args.nproc == 1:
+        result = train_mc(dataset, config, args.out, args.base_model)
+    else:
+        from models.distributed_training import launch
+
+        result = launch(dataset, config, args.out, args.nproc, args.base_model)
     spec, scores = result.spec, result.train_scores
     roi = spec.roi
     print(
@@ -79,7 +108,8 @@ def _train(args: argparse.Namespace) -> int:
     )
     print(
         f"trained on frames {frames[0]}:{frames[1]} ({result.n_positive} positive, {result.n_negative} negative), "
-        f"{len(result.losses)} steps, final loss {result.losses[-1]:.4f}"
+        f"{len(result.losses)} steps with {config.optimizer} on {args.nproc} process(es), final loss "
+        f"{result.losses[-1]:.4f}"
     )
     print(
         f"threshold {spec.smoothing.threshold:g} (k={spec.smoothing.k} of n={spec.smoothing.n}): train event F1 "

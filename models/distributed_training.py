@@ -1,0 +1,280 @@
+"""Train one MC on N processes: the torchrun worker (`python -m models.distributed_training JOB`) and its launcher.
+
+`launch` writes the job (dataset, TrainConfig, bundle folder, base model) as JSON and runs
+``python -m torch.distributed.run --standalone --nproc-per-node N -m models.distributed_training JOB``
+(gloo on CPU, NCCL with one GPU per rank when CUDA is there). Each worker:
+
+* rank 0 fills the feature cache (it has one writer at a time), then the others read it;
+* builds the same seeded MC, trains it on its own balanced batches (seed + rank): with `adam` the MC
+  is wrapped in DDP (gradient averaging), the compressed optimizers communicate themselves;
+* makes the parameters identical (0/1 Adam's local steps may end between synchronisations: then the
+  ranks' parameters are averaged once, in full precision);
+* rank 0 picks the threshold and writes the same bundle as single-process training, and the result
+  summary the launcher returns. A FilterForwardError on any rank comes back as its one-line message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from models.curriculum import CurriculumScheduler
+from models.datasets.labelled import LabelledDataset, open_dataset
+from models.errors import FilterForwardError
+from models.evaluation import EventScores
+from models.filterspec import FilterSpec, Smoothing
+from models.microclassifiers import MicroClassifier
+from models.roi import ROI
+from models.training import (
+    BalancedSampler,
+    Curriculum,
+    Logits,
+    TrainConfig,
+    TrainingData,
+    TrainResult,
+    check_config,
+    finish_training,
+    load_training_data,
+    make_optimizer,
+    new_model,
+    torch_threads,
+    train_steps,
+)
+
+log = logging.getLogger(__name__)
+
+JOB_FILE = "job.json"
+RESULT_FILE = "result.json"
+ERROR_FILE = "error.txt"
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """Everything a worker needs, as the launcher hands it over."""
+
+    dataset: Path
+    config: TrainConfig
+    out_dir: Path
+    model_path: Path | None = None
+    progress: bool = True
+
+
+def launch(
+    dataset: LabelledDataset,
+    config: TrainConfig,
+    out_dir: Path,
+    nproc: int,
+    model_path: Path | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train with `nproc` torchrun workers on this machine; rank 0's result."""
+    check_config(dataset, config)  # one-line errors before any process starts
+    check_nproc(nproc)
+    job = TrainingJob(dataset.root.resolve(), config, out_dir.resolve(), model_path and model_path.resolve(), progress)
+    with tempfile.TemporaryDirectory(prefix="ff-train-") as job_dir:
+        (Path(job_dir) / JOB_FILE).write_text(json.dumps(job_to_dict(job)))
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        command += ["-m", __name__, job_dir]
+        # Loopback only: --standalone is one machine, and hostname lookups fail in some sandboxes.
+        env = {"GLOO_SOCKET_IFNAME": "lo", **os.environ}
+        returncode = subprocess.run(command, env=env, check=False).returncode
+        return _outcome(Path(job_dir), nproc, returncode)
+
+
+def _outcome(job_dir: Path, nproc: int, returncode: int) -> TrainResult:
+    """Rank 0's result; a worker's one-line error, or a failure when neither exists."""
+    error, result = job_dir / ERROR_FILE, job_dir / RESULT_FILE
+    if error.exists():
+        raise FilterForwardError(error.read_text().strip())
+    if not result.exists():
+        raise FilterForwardError(
+            f"the {nproc} training workers failed (torchrun exit code {returncode}): see their errors above"
+        )
+    if returncode != 0:
+        # Rank 0 writes the result after the bundle, from parameters every rank shares: it is complete.
+        # Seen once while measuring: a gloo rank aborted ("terminate called") as the group shut down.
+        log.warning("a training worker failed after rank 0 wrote the bundle (torchrun exit code %d)", returncode)
+    return result_from_dict(json.loads(result.read_text()))
+
+
+def check_nproc(nproc: int) -> None:
+    """At least one worker; with CUDA, at most one per GPU (NCCL cannot share a GPU between ranks)."""
+    if nproc < 1:
+        raise FilterForwardError(f"--nproc must be at least 1, got {nproc}")
+    if torch.cuda.is_available() and nproc > torch.cuda.device_count():
+        raise FilterForwardError(
+            f"--nproc {nproc} is more than the {torch.cuda.device_count()} GPUs here: NCCL needs one GPU per worker"
+        )
+
+
+@dataclass(frozen=True)
+class WorkerOutcome:
+    """What one rank ends with."""
+
+    model: MicroClassifier  # the trained MC, identical on every rank
+    losses: list[float]  # this rank's loss per step (its own batches)
+    averaged: bool  # the ranks' parameters differed after the last step and were averaged once
+    result: TrainResult | None  # rank 0 only: the bundle it wrote and its summary
+
+
+def train_distributed(job: TrainingJob) -> WorkerOutcome:
+    """The worker's training in an initialised process group (torchrun's, or any other)."""
+    rank = dist.get_rank()
+    config = dataclasses.replace(job.config, device=_device(job.config.device))
+    dataset = open_dataset(job.dataset)
+    data = _load_rank0_first(dataset, config, job.model_path, job.progress and rank == 0)
+    model = new_model(config, data)
+    _broadcast_parameters(model)  # identical seeds make them equal already; this makes it a guarantee
+    optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr, config.steps, config.curricula)
+    net = Logits(model)
+    if config.optimizer == "adam":  # the baseline: DDP averages the gradients
+        net = DistributedDataParallel(net, device_ids=[config.device] if config.device.startswith("cuda") else None)
+    sampler = BalancedSampler(data.frames, data.targets, config.batch_size, config.seed + rank)
+    with torch_threads(config.threads):
+        losses = train_steps(
+            net, data, optimizer, sampler, config.steps, config.device, job.progress and rank == 0, config.curricula
+        )
+    averaged = synchronise_parameters(model)
+    if averaged:
+        log.info("ranks ended between synchronisations: their parameters were averaged once")
+    result = finish_training(model, data, config, job.out_dir, job.model_path, losses) if rank == 0 else None
+    return WorkerOutcome(model, losses, averaged, result)
+
+
+def synchronise_parameters(model: MicroClassifier) -> bool:
+    """Make every rank's parameters equal; True when they differed and were averaged, False when already equal."""
+    flat = parameters_to_vector(model.parameters()).detach()
+    reference = flat.clone()
+    dist.broadcast(reference, src=0)
+    differs = torch.tensor([float(not torch.equal(flat, reference))], device=flat.device)
+    dist.all_reduce(differs, op=dist.ReduceOp.MAX)
+    if not differs.item():
+        return False
+    dist.all_reduce(flat)
+    vector_to_parameters(flat / dist.get_world_size(), model.parameters())
+    return True
+
+
+def _broadcast_parameters(model: MicroClassifier) -> None:
+    flat = parameters_to_vector(model.parameters()).detach()
+    dist.broadcast(flat, src=0)
+    vector_to_parameters(flat, model.parameters())
+
+
+def _device(configured: str) -> str:
+    """One GPU per rank under NCCL (LOCAL_RANK), else the configured device."""
+    if dist.get_backend() == "nccl":
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return configured
+
+
+def _load_rank0_first(
+    dataset: LabelledDataset, config: TrainConfig, model_path: Path | None, progress: bool
+) -> TrainingData:
+    """Rank 0 fills the feature cache, then every other rank reads it; a failure on rank 0 fails every rank."""
+    rank = dist.get_rank()
+    data, error = None, None
+    if rank == 0:
+        try:
+            data = load_training_data(dataset, config, model_path, progress)
+        except FilterForwardError as exc:
+            error = str(exc)
+    message = [error]
+    dist.broadcast_object_list(message, src=0)  # doubles as the barrier
+    if message[0] is not None:
+        raise FilterForwardError(message[0])
+    return data if data is not None else load_training_data(dataset, config, model_path, progress=False)
+
+
+def job_to_dict(job: TrainingJob) -> dict[str, Any]:
+    config = {field.name: getattr(job.config, field.name) for field in dataclasses.fields(job.config)}
+    config["roi"] = job.config.roi.model_dump()
+    config["smoothing"] = job.config.smoothing.model_dump()
+    config["curricula"] = [{"kind": c.kind, "schedule": c.scheduler.config.model_dump()} for c in job.config.curricula]
+    return {
+        "dataset": str(job.dataset),
+        "config": config,
+        "out_dir": str(job.out_dir),
+        "model_path": job.model_path and str(job.model_path),
+        "progress": job.progress,
+    }
+
+
+def job_from_dict(data: dict[str, Any]) -> TrainingJob:
+    config = dict(data["config"])
+    config["input_size"] = tuple(config["input_size"])
+    config["frames"] = config["frames"] and tuple(config["frames"])
+    config["roi"] = ROI(**config["roi"])
+    config["smoothing"] = Smoothing(**config["smoothing"])
+    config["curricula"] = tuple(
+        Curriculum(c["kind"], CurriculumScheduler(**c["schedule"])) for c in config["curricula"]
+    )
+    model_path = data["model_path"]
+    return TrainingJob(
+        Path(data["dataset"]),
+        TrainConfig(**config),
+        Path(data["out_dir"]),
+        model_path and Path(model_path),
+        data["progress"],
+    )
+
+
+def result_to_dict(result: TrainResult) -> dict[str, Any]:
+    return {
+        "spec": result.spec.model_dump(mode="json"),
+        "bundle": str(result.bundle),
+        "train_scores": dataclasses.asdict(result.train_scores),
+        "losses": result.losses,
+        "n_positive": result.n_positive,
+        "n_negative": result.n_negative,
+    }
+
+
+def result_from_dict(data: dict[str, Any]) -> TrainResult:
+    return TrainResult(
+        FilterSpec.model_validate(data["spec"]),
+        Path(data["bundle"]),
+        EventScores(**data["train_scores"]),
+        data["losses"],
+        data["n_positive"],
+        data["n_negative"],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """torchrun entry point: join the group from torchrun's environment, train, leave rank 0's result."""
+    (job_dir,) = argv if argv is not None else sys.argv[1:]
+    job_path = Path(job_dir)
+    logging.basicConfig(level=logging.WARNING, format=f"rank {os.environ.get('RANK', '?')}: %(message)s")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend)
+    try:
+        result = train_distributed(job_from_dict(json.loads((job_path / JOB_FILE).read_text()))).result
+        if result is not None:
+            (job_path / RESULT_FILE).write_text(json.dumps(result_to_dict(result)))
+        dist.barrier()
+    except FilterForwardError as exc:
+        (job_path / ERROR_FILE).write_text(f"{exc}\n")  # every rank fails with the same message
+        return 1
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

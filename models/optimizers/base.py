@@ -1,0 +1,258 @@
+"""What the communication-compressed optimizers share: ranks, fused buffers, averaging, the DDP hook, Adam arithmetic.
+
+Every decision an optimizer takes (full-precision or compressed step, variance refresh, local step,
+skipping a non-finite step) is a function of the step count and of values that are identical on every
+rank, so all ranks take the same branch and call the same collectives in the same order.
+"""
+
+# No `from __future__ import annotations`: DDP checks the hook's annotations against the real types.
+
+import logging
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from models.compressed_allreduce import CompressedAllreduce
+from models.errors import FilterForwardError
+
+log = logging.getLogger(__name__)
+
+Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
+
+
+class Entry(NamedTuple):
+    """One trainable parameter in a step: its group's options, the tensor, its gradient (zeros when it has none)."""
+
+    group: dict[str, Any]
+    param: torch.Tensor
+    grad: torch.Tensor
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise FilterForwardError(message) unless condition holds."""
+    if not condition:
+        raise FilterForwardError(message)
+
+
+def require_step_count(name: str, value: object, minimum: int = 1) -> None:
+    """Step counts and schedule sizes are whole numbers of at least `minimum`."""
+    require(
+        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+        f"{name} must be a whole number >= {minimum}, got {value!r}",
+    )
+
+
+def bias_correction(beta: float, count: int) -> float:
+    """1 − β^count: how far an exponential average started at zero is from unbiased after count updates."""
+    return 1.0 - beta**count
+
+
+def schedule_events(step: int, per_level: int, cap: int | None = None) -> int:
+    """How many events fired at steps 1..step of a schedule whose interval starts at 1 and doubles
+    after every `per_level` events, never beyond `cap` (0/1 Adam's variance refreshes and local syncs)."""
+    events, start, interval = 0, 0, 1
+    while cap is None or interval < cap:
+        level_end = start + interval * per_level
+        if step < level_end:
+            break
+        events, start = events + per_level, level_end
+        interval = interval * 2 if cap is None else min(interval * 2, cap)
+    return events + max(0, step - start) // interval
+
+
+def fires(step: int, per_level: int, cap: int | None = None) -> bool:
+    """Whether the schedule of schedule_events has an event at this step."""
+    return step >= 1 and schedule_events(step, per_level, cap) > schedule_events(step - 1, per_level, cap)
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether no element is inf or NaN (min/max propagate both; one pass, far cheaper than isfinite)."""
+    return tensor.numel() == 0 or bool(torch.isfinite(torch.stack(torch.aminmax(tensor))).all())
+
+
+def flatten(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One new fp32 buffer holding the tensors back to back: what a fused collective sends."""
+    return torch.cat([t.reshape(-1).float() for t in tensors])
+
+
+def unflatten(flat: torch.Tensor, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of flat shaped like the tensors of `like`, in order (the inverse of flatten)."""
+    return [chunk.view_as(t) for chunk, t in zip(flat.split([t.numel() for t in like]), like, strict=True)]
+
+
+def update_moments(
+    exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor, betas: tuple[float, float]
+) -> None:
+    """Adam's moment updates in place: m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g²."""
+    exp_avg.lerp_(grad, 1 - betas[0])
+    exp_avg_sq.mul_(betas[1]).addcmul_(grad, grad, value=1 - betas[1])
+
+
+def adam_denominator(exp_avg_sq: torch.Tensor, group: dict[str, Any], variance_updates: int) -> torch.Tensor:
+    """√v̂ + ε with v̂ the bias-corrected variance after `variance_updates` updates (torch's Adam arithmetic)."""
+    correction = math.sqrt(bias_correction(group["betas"][1], variance_updates))
+    return (exp_avg_sq.sqrt() / correction).add_(group["eps"])
+
+
+def adam_step(entry: Entry, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, step: int, variance_updates: int) -> None:
+    """p ← p·(1 − lr·wd) − lr·m̂/(√v̂ + ε): torch's AdamW arithmetic, which is Adam's when wd = 0."""
+    group = entry.group
+    entry.param.mul_(1 - group["lr"] * group["weight_decay"])
+    step_size = group["lr"] / bias_correction(group["betas"][0], step)
+    entry.param.addcdiv_(exp_avg, adam_denominator(exp_avg_sq, group, variance_updates), value=-step_size)
+
+
+def masked(values: torch.Tensor, exp_avg_sq: torch.Tensor) -> torch.Tensor:
+    """values with 0 where the variance is 0: entries whose gradient was always zero.
+
+    A sign cannot say 0, so the decompressed momentum is ±scale there, and with v = 0 the update
+    would be ±scale/ε; the mask keeps those entries at exactly zero.
+    """
+    return torch.where(exp_avg_sq > 0, values, 0.0)
+
+
+class CompressedOptimizer(torch.optim.Optimizer):
+    """Base of OnebitAdam, ZeroOneAdam and OnebitLamb: subclasses implement `_update` and `_needs_dense_gradients`.
+
+    Without an initialised process group (or with one rank) nothing is communicated and every
+    optimizer runs its uncompressed arithmetic.
+    """
+
+    def __init__(self, params: Params, defaults: dict[str, Any], group: dist.ProcessGroup | None) -> None:
+        lr, (beta1, beta2), eps, weight_decay = (defaults[k] for k in ("lr", "betas", "eps", "weight_decay"))
+        require(lr >= 0, f"lr must be >= 0, got {lr}")
+        require(0 <= beta1 < 1 and 0 <= beta2 < 1, f"betas must lie in [0, 1), got {defaults['betas']}")
+        require(eps > 0, f"eps must be > 0 (it guards the divisions), got {eps}")
+        require(weight_decay >= 0, f"weight_decay must be >= 0, got {weight_decay}")
+        super().__init__(params, defaults)
+        self.process_group = group
+        self.comm = CompressedAllreduce(group)
+        self.dense_bytes_on_wire = 0
+        self._averaged_by_hook = False
+
+    @property
+    def world_size(self) -> int:
+        """Ranks that share the optimizer step; 1 when torch.distributed is not initialised."""
+        return self.comm.world_size
+
+    @property
+    def bytes_on_wire(self) -> int:
+        """Bytes this rank has sent so far: compressed collectives plus full-precision allreduces (ring model)."""
+        return self.comm.bytes_on_wire + self.dense_bytes_on_wire
+
+    @property
+    def step_count(self) -> int:
+        """Steps taken so far (skipped steps do not count); every stage follows from it."""
+        return max((self.state[p].get("step", 0) for g in self.param_groups for p in g["params"]), default=0)
+
+    def reset_compression_errors(self) -> None:
+        """Drop the error-feedback buffers, as a checkpoint round trip does (they are never saved)."""
+        self.comm.reset_errors()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load moments, step and stage state; the error-feedback buffers restart from zero."""
+        super().load_state_dict(state_dict)
+        self.reset_compression_errors()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One optimizer step on every rank (all ranks must call it, with their local gradients)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        entries = [
+            Entry(group, p, self._gradient(p))
+            for group in self.param_groups
+            for p in group["params"]
+            if p.requires_grad
+        ]
+        step = self.step_count + 1
+        try:
+            applied = self._update(step, entries) if entries else True
+        finally:
+            self._averaged_by_hook = False
+        if applied:
+            for entry in entries:
+                self.state[entry.param]["step"] = step
+        else:
+            log.warning(
+                "%s step %d skipped on every rank: the averaged values are not finite", type(self).__name__, step
+            )
+        return loss
+
+    def _gradient(self, param: torch.Tensor) -> torch.Tensor:
+        """The parameter's gradient; zeros when it has none, so every rank sends the same fused buffers."""
+        if param.grad is None:
+            return torch.zeros_like(param)
+        require(
+            param.grad.layout == torch.strided,
+            f"{type(self).__name__} got a sparse gradient for a {tuple(param.shape)} parameter: "
+            "use dense gradients (e.g. nn.Embedding(..., sparse=False))",
+        )
+        return param.grad
+
+    def _update(self, step: int, entries: list[Entry]) -> bool:
+        """Apply step number `step`; False when it was skipped (identically on every rank)."""
+        raise NotImplementedError
+
+    def _needs_dense_gradients(self, step: int) -> bool:
+        """Whether step number `step` averages the gradients in full precision."""
+        raise NotImplementedError
+
+    def _average_gradients(self, entries: list[Entry]) -> bool:
+        """Average the gradients over ranks in full precision, in place; False when the average is not finite."""
+        grads = [e.grad for e in entries]
+        flat = flatten(grads)
+        world = self.world_size
+        if world > 1 and not self._averaged_by_hook:
+            dist.all_reduce(flat, group=self.process_group)
+            flat.div_(world)
+            self._count_dense(flat, world)
+            for grad, averaged in zip(grads, unflatten(flat, grads), strict=True):
+                grad.copy_(averaged)
+        return all_finite(flat)
+
+    def _average_compressed(self, tensors: list[torch.Tensor], name: str) -> torch.Tensor | None:
+        """The 1-bit compressed average of the tensors as one flat buffer; None when it is not finite.
+
+        A non-finite input on any rank makes the result non-finite on every rank (the scales carry it),
+        so the skip is decided identically everywhere; the poisoned error buffers are dropped.
+        """
+        result = self.comm.allreduce(flatten(tensors), name)
+        if all_finite(result):
+            return result
+        self.comm.reset_errors(name)
+        return None
+
+    def _count_dense(self, tensor: torch.Tensor, world: int) -> None:
+        """Add what a ring allreduce of tensor sends per rank: 2·(n−1)/n of its bytes."""
+        self.dense_bytes_on_wire += 2 * (world - 1) * tensor.numel() * tensor.element_size() // world
+
+    def ddp_comm_hook(self, state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """DDP communication hook: average a bucket in full precision only on the steps that need it.
+
+        On every other step DDP leaves the local gradients alone and the optimizer communicates them
+        compressed itself. Register it with ``ddp_model.register_comm_hook(None, optimizer.ddp_comm_hook)``.
+        """
+        buffer = bucket.buffer()
+        world = self.world_size
+        if world == 1 or not self._needs_dense_gradients(self.step_count + 1):
+            future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+            future.set_result(buffer)
+            return future
+        self._averaged_by_hook = True
+        self._count_dense(buffer, world)
+        work = dist.all_reduce(buffer.div_(world), group=self.process_group, async_op=True)
+        return work.get_future().then(lambda done: done.value()[0])
+
+    def _moments(self, param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The parameter's first and second moments (exp_avg, exp_avg_sq), zeros on first use."""
+        state = self.state[param]
+        if "exp_avg" not in state:
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        return state["exp_avg"], state["exp_avg_sq"]

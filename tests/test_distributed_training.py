@@ -1,0 +1,132 @@
+"""Distributed MC training on real gloo processes: in-process groups (run_workers) and the CLI's real torchrun."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed import run_workers
+from torch.nn.utils import parameters_to_vector
+
+from filterforward.cli import main
+from models.base_export import ensure_base_model
+from models.bundle import load_bundle
+from models.datasets.labelled import LabelledDataset
+from models.datasets.synth import write_synthetic
+from models.distributed_training import TrainingJob, job_from_dict, job_to_dict, train_distributed
+from models.training import TrainConfig, parse_curriculum
+
+SIZE = (320, 192)
+OPTIMIZERS = ("adam", "onebit_adam", "zeroone_adam", "onebit_lamb")
+
+
+@pytest.fixture(scope="module")
+def base_model() -> Path:
+    return ensure_base_model()
+
+
+@pytest.fixture(scope="module")
+def feature_cache(base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh cache, inherited by the spawned workers and torchrun, so that rank 0 really fills it here."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("cache")
+        patch.setenv("FILTERFORWARD_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def clip(feature_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> LabelledDataset:
+    """24 frames at 320x192; seed 1 has positive and negative frames of any_object in 0:24."""
+    return write_synthetic(tmp_path_factory.mktemp("clip"), n_frames=24, size=SIZE, seed=1)
+
+
+def config(optimizer: str, **changes: object) -> TrainConfig:
+    fields = {"event": "any_object", "architecture": "full_frame", "input_size": SIZE, "frames": (0, 24)}
+    return TrainConfig(**{**fields, "steps": 12, "batch_size": 8, "optimizer": optimizer, **changes})
+
+
+def _train_each_optimizer(rank: int, world_size: int, root: Path, out: Path, model: Path) -> dict[str, dict]:
+    """Worker body: train one MC per optimizer in this gloo group; its parameters, losses and bundle."""
+    outcomes = {}
+    for optimizer in OPTIMIZERS:
+        job = TrainingJob(root, config(optimizer), out / optimizer, model, progress=False)
+        outcome = train_distributed(job)
+        outcomes[optimizer] = {
+            "params": parameters_to_vector(outcome.model.parameters()).detach().numpy(),
+            "losses": outcome.losses,
+            "averaged": outcome.averaged,
+            "bundle": outcome.result and outcome.result.bundle,
+        }
+    return outcomes
+
+
+def test_two_ranks_end_with_identical_parameters_and_write_one_bundle(
+    clip: LabelledDataset, base_model: Path, feature_cache: Path, tmp_path: Path
+) -> None:
+    assert not list(feature_cache.glob("features/*"))  # rank 0 fills the cache during the run
+    rank0, rank1 = run_workers(_train_each_optimizer, 2, clip.root, tmp_path, base_model, timeout=300)
+    assert list(feature_cache.glob("features/*"))
+    for optimizer in OPTIMIZERS:
+        first, second = rank0[optimizer], rank1[optimizer]
+        np.testing.assert_array_equal(first["params"], second["params"], err_msg=optimizer)
+        assert first["losses"] != second["losses"], optimizer  # each rank drew its own batches (seed + rank)
+        assert second["bundle"] is None and first["bundle"] == tmp_path / optimizer
+        spec, _ = load_bundle(first["bundle"])
+        assert (spec.event, spec.architecture, spec.tap) == ("any_object", "full_frame", "late")
+    # Synchronous optimizers keep the ranks equal step by step; nothing had to be averaged at the end.
+    assert not any(rank0[name]["averaged"] for name in ("adam", "onebit_adam", "onebit_lamb"))
+
+
+def test_jobs_round_trip_through_json(clip: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
+    curricula = (parse_curriculum("window:fixed_linear:2:4:10"), parse_curriculum("resolution:fixed_discrete:50,100:5"))
+    job = TrainingJob(
+        clip.root, config("onebit_adam", architecture="windowed", window=4, curricula=curricula), tmp_path
+    )
+    again = job_from_dict(job_to_dict(job))
+    assert again.config.curricula[0].scheduler.config == curricula[0].scheduler.config
+    assert [c.kind for c in again.config.curricula] == ["window", "resolution"]
+    assert job_to_dict(again) == job_to_dict(job)
+
+
+def test_cli_trains_with_torchrun_on_two_processes(
+    clip: LabelledDataset, base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ["train", str(clip.root), "--event", "any_object", "--arch", "windowed", "--window", "3"]
+    argv += ["--frames", "0:24", "--steps", "10", "--batch-size", "8", "--base-model", str(base_model)]
+    argv += ["--nproc", "2", "--optimizer", "onebit_adam", "--curriculum", "window:fixed_linear:1:3:6"]
+    argv += ["--curriculum", "resolution:fixed_discrete:50,100:5", "--out", str(tmp_path / "b")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "10 steps with onebit_adam on 2 process(es)" in out
+    assert f"bundle: {tmp_path / 'b'}" in out
+    spec, _ = load_bundle(tmp_path / "b")
+    assert (spec.architecture, spec.window) == ("windowed", 3)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nproc", "0"], "--nproc must be at least 1, got 0"),
+        (["--nproc", "2", "--optimizer", "sgd"], "unknown optimizer 'sgd'"),
+        (["--curriculum", "window:linear:1:2:3"], "is not KIND:SCHEDULE:..: KIND is window or resolution"),
+        (["--curriculum", "window:fixed_linear:1:x:3"], "use KIND:fixed_linear:MIN:MAX:TOTAL_STEPS[:DIFFICULTY_STEP]"),
+        (["--curriculum", "window:fixed_linear:1:3:6"], "a window curriculum needs a windowed MC, not full_frame"),
+        (["--arch", "windowed", "--curriculum", "window:fixed_linear:1:9:6"], "goes up to 9, above its limit 5"),
+        (["--curriculum", "resolution:fixed_linear:50:150:6"], "goes up to 150, above its limit 100"),
+        (["--curriculum", "resolution:fixed_linear:5:4:6"], "min_difficulty 5 is above max_difficulty 4"),
+        (
+            ["--curriculum", "resolution:fixed_linear:50:100:6", "--curriculum", "resolution:fixed_root:50:100:6:2"],
+            "repeat a kind",
+        ),
+    ],
+)
+def test_bad_distributed_or_curriculum_options_are_one_line(
+    clip: LabelledDataset, tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], message: str
+) -> None:
+    argv = ["train", str(clip.root), "--event", "any_object", "--arch", "full_frame", "--frames", "0:24"]
+    assert main([*argv, *args, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
