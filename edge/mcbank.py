@@ -14,7 +14,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -106,10 +106,18 @@ class MCBank:
 
     def put(self, spec: FilterSpec, onnx_bytes: bytes) -> None:
         """Add a filter, or replace the one with the same name (its windowed history starts afresh)."""
-        loaded = load_mc(spec, onnx_bytes, self.taps, self.input_size)
+        self.put_many([(spec, onnx_bytes)])
+
+    def put_many(self, filters: Sequence[tuple[FilterSpec, bytes]]) -> None:
+        """Add or replace several filters with one rebuild of the fused graphs (e.g. at start-up).
+
+        Every filter is checked before any is applied: one bad filter changes nothing."""
+        loaded = [load_mc(spec, onnx_bytes, self.taps, self.input_size) for spec, onnx_bytes in filters]
+        names = {mc.spec.name for mc in loaded}
         with self._lock:
-            self._mcs = self._fused((*(mc for mc in self._mcs if mc.spec.name != spec.name), loaded))
-        log.info("filter %s v%d on tap %s is active", spec.name, spec.version, spec.tap)
+            self._mcs = self._fused((*(mc for mc in self._mcs if mc.spec.name not in names), *loaded))
+        for mc in loaded:
+            log.info("filter %s v%d on tap %s is active", mc.spec.name, mc.spec.version, mc.spec.tap)
 
     def remove(self, name: str) -> bool:
         with self._lock:

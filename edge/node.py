@@ -18,9 +18,7 @@ log = logging.getLogger(__name__)
 
 
 def load_filters(bank: MCBank, bundles: list[Path]) -> None:
-    for path in bundles:
-        spec, onnx_bytes = load_bundle(path)
-        bank.put(spec, onnx_bytes)
+    bank.put_many([load_bundle(path) for path in bundles])
 
 
 class EdgeNode:

@@ -96,8 +96,7 @@ def replay(
     input_size = specs[0][0].input_size
     base = BaseDNN(input_size, base_model)
     bank = MCBank(base.taps, base.input_size)
-    for spec, onnx_bytes in specs:
-        bank.put(spec, onnx_bytes)
+    bank.put_many(specs)
     sink = RecordingSink()
     pipeline = CameraPipeline(CAMERA, base, bank, sink, dataset.fps)
     start, stop = frames
