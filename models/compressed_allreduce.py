@@ -44,14 +44,31 @@ _BITS = 8
 _SCALE_BYTES = 4  # one fp32 scale appended to every message row
 # Bit k of a byte (MSB first) holds element k of its group of 8.
 _SHIFTS = torch.arange(_BITS - 1, -1, -1, dtype=torch.uint8)
+# Row b: the 8 signs (±1.0) that byte b unpacks to; scaled by s it decompresses a byte in one lookup.
+_SIGN_TABLE = ((torch.arange(256, dtype=torch.uint8).unsqueeze(1) >> _SHIFTS) & 1).to(torch.float32) * 2 - 1
 
 
 def pack_signs(x: torch.Tensor) -> torch.Tensor:
     """Flat float tensor -> uint8, 8 signs per byte (bit 1 for x >= 0, so sign(0) = +1), MSB first."""
     if x.dim() != 1 or x.numel() % _BITS:
         raise ValueError(f"pack_signs needs a flat tensor whose length is a multiple of 8, got shape {tuple(x.shape)}")
-    bits = (x >= 0).to(torch.uint8).view(-1, _BITS)
-    return (bits << _SHIFTS.to(x.device)).sum(dim=1, dtype=torch.uint8)
+    return _pack_signs_into(x)
+
+
+def _pack_signs_into(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Flat float tensor (8k elements) -> its k packed sign bytes, MSB first (into out when given)."""
+    # Each group of 8 sign bools is written straight into the bytes of one little-endian int64 (bool k =
+    # bit 8k). Three shift-or steps move bit 8k to bit 63 - k, so the top byte is the packed group: a few
+    # integer ops per 8 elements, and only two temporaries of k int64 (fresh big buffers cost page faults).
+    words = x.new_empty(x.numel() // _BITS, dtype=torch.int64)
+    torch.ge(x, 0, out=words.view(torch.bool))
+    shifted = torch.empty_like(words)
+    for shift in (9, 18, 36):
+        words |= torch.bitwise_left_shift(words, shift, out=shifted)
+    words >>= 56
+    if out is None:
+        return words.to(torch.uint8)
+    return out.copy_(words.view(out.shape))
 
 
 def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -60,8 +77,14 @@ def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
         raise ValueError(
             f"unpack_signs needs flat uint8 holding at least {n} bits, got {packed.dtype} {tuple(packed.shape)}"
         )
-    bits = (packed.unsqueeze(1) >> _SHIFTS.to(packed.device)) & 1
-    return bits.reshape(-1)[:n].to(torch.float32) * 2 - 1
+    return _SIGN_TABLE.to(packed.device)[packed.long()].reshape(-1)[:n]
+
+
+def _decompress(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Flat packed signs (k,) and a 0-dim scale -> scale·sign written into out (8k elements)."""
+    table = scale * _SIGN_TABLE.to(packed.device)  # scale·(±1) is exactly ±scale, as in the dense arithmetic
+    torch.index_select(table, 0, packed.int(), out=out.view(-1, _BITS))
+    return out
 
 
 def padded_length(n_elements: int, world_size: int) -> int:
@@ -70,28 +93,46 @@ def padded_length(n_elements: int, world_size: int) -> int:
     return -(-n_elements // block) * block
 
 
-def _compress(y: torch.Tensor, valid: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _compress(
+    y: torch.Tensor, valid: int, packed: torch.Tensor | None = None, error: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """1-bit compress y whose first `valid` elements are real: (packed signs, fp32 scale of shape (1,), error).
 
     The scale is the RMS of the real elements; the error is zero on the padding so it never accumulates there.
+    packed (y.numel()/8 bytes, any shape) and error (like y, not y itself) are filled when given.
     """
     real = y[:valid]
     scale = (real.norm() / math.sqrt(valid)) if valid else y.new_zeros(())
-    signs = torch.where(y >= 0, 1.0, -1.0)
-    error = y - scale * signs
+    packed = _pack_signs_into(y, packed)
+    error = _decompress(packed.reshape(-1), scale, torch.empty_like(y) if error is None else error)
+    torch.sub(y, error, out=error)
     error[valid:] = 0
-    return pack_signs(y), scale.reshape(1), error
+    return packed, scale.reshape(1), error
 
 
-def _expand(packed: torch.Tensor, scales: torch.Tensor, length: int) -> torch.Tensor:
+def _expand(
+    packed: torch.Tensor, scales: torch.Tensor, length: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Rows of packed signs (k, length/8) and their scales (k,) -> the decompressed values, shape (k, length)."""
-    signs = unpack_signs(packed.reshape(-1), packed.numel() * _BITS).view(packed.shape[0], length)
-    return scales.unsqueeze(1) * signs
+    out = packed.new_empty((packed.shape[0], length), dtype=torch.float32) if out is None else out
+    for row_packed, scale, row_out in zip(packed, scales, out, strict=True):
+        _decompress(row_packed, scale, row_out)
+    return out
 
 
-def _server_average(packed: torch.Tensor, scales: torch.Tensor, length: int) -> torch.Tensor:
-    """The mean over ranks of their decompressed chunks: packed (n, length/8), scales (n,) -> (length,)."""
-    return _expand(packed, scales, length).mean(dim=0)
+def _server_average(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    length: int,
+    out: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The mean over ranks of their decompressed chunks: packed (n, length/8), scales (n,) -> (length,).
+
+    scratch (n·length fp32, optional) holds the decompressed chunks.
+    """
+    decoded = _expand(packed, scales, length, None if scratch is None else scratch.view(-1, length))
+    return torch.mean(decoded, dim=0, out=out)
 
 
 def _valid_in_chunk(n_elements: int, chunk: int, rank: int) -> int:
@@ -99,10 +140,9 @@ def _valid_in_chunk(n_elements: int, chunk: int, rank: int) -> int:
     return max(0, min(chunk, n_elements - rank * chunk))
 
 
-def _to_rows(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Message rows [signs | fp32 scale bytes]: packed (k, b) uint8, scales (k,) fp32 -> (k, b + 4) uint8."""
-    scale_bytes = scales.to(torch.float32).contiguous().view(torch.uint8).view(-1, _SCALE_BYTES)
-    return torch.cat([packed, scale_bytes], dim=1)
+def _set_scales(rows: torch.Tensor, scale: torch.Tensor) -> None:
+    """Write the fp32 scale (shape (1,)) as the last 4 bytes of every message row (k, b + 4) uint8."""
+    rows[:, -_SCALE_BYTES:] = scale.to(torch.float32).view(torch.uint8)
 
 
 def _from_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,11 +207,38 @@ def _padded(tensor: torch.Tensor, total: int) -> torch.Tensor:
 
 @dataclass
 class _ErrorBuffers:
-    """Error feedback state of one named tensor: worker error (padded length) and server error (its chunk)."""
+    """State of one named tensor: its error feedback and the workspaces its calls reuse.
+
+    worker: worker error (padded length); server: server error (its chunk); the rest are scratch
+    buffers kept between calls so a call allocates little beyond its result.
+    """
 
     numel: int
     worker: torch.Tensor
     server: torch.Tensor
+    padded: torch.Tensor  # x + e_w, fp32, padded length; then the server's decode scratch
+    rows: torch.Tensor  # phase 1 message rows (n, L/8 + 4) uint8
+    received: torch.Tensor  # phase 1 rows received, same shape
+    average: torch.Tensor  # server: mean of the received chunks + e_s, length L
+    own_row: torch.Tensor  # phase 2 message row (1, L/8 + 4) uint8
+    gathered: torch.Tensor  # phase 2 rows of all servers (n, L/8 + 4) uint8
+
+    @classmethod
+    def zeros(cls, numel: int, world: int, chunk: int, device: torch.device) -> _ErrorBuffers:
+        """Zero errors and fresh workspaces for numel elements over world ranks (chunk = padded length / world)."""
+        row_bytes = chunk // _BITS + _SCALE_BYTES
+        rows = torch.empty((world, row_bytes), dtype=torch.uint8, device=device)
+        return cls(
+            numel=numel,
+            worker=torch.zeros(world * chunk, dtype=torch.float32, device=device),
+            server=torch.zeros(chunk, dtype=torch.float32, device=device),
+            padded=torch.zeros(world * chunk, dtype=torch.float32, device=device),
+            rows=rows,
+            received=torch.empty_like(rows),
+            average=torch.empty(chunk, dtype=torch.float32, device=device),
+            own_row=rows.new_empty((1, row_bytes)),
+            gathered=torch.empty_like(rows),
+        )
 
 
 class CompressedAllreduce:
@@ -207,36 +274,35 @@ class CompressedAllreduce:
         n_elements = tensor.numel()
         total = padded_length(n_elements, world)
         chunk = total // world
-        errors = self._buffers(name, tensor, total, chunk)
+        errors = self._buffers(name, tensor, world, chunk)
 
         # Worker: compress x + e_w and route chunk r of the signs (with our scale) to rank r.
-        packed, scale, errors.worker = _compress(_padded(tensor, total) + errors.worker, n_elements)
-        rows = _to_rows(packed.view(world, chunk // _BITS), scale.expand(world))
-        received = torch.empty_like(rows)
-        dist.all_to_all_single(received, rows, group=self.group)
+        x = errors.padded
+        x[:n_elements].copy_(tensor.reshape(-1))
+        x[n_elements:].zero_()  # the server phase reuses x as scratch
+        x.add_(errors.worker)
+        _, scale, _ = _compress(x, n_elements, errors.rows[:, :-_SCALE_BYTES], errors.worker)
+        _set_scales(errors.rows, scale)
+        dist.all_to_all_single(errors.received, errors.rows, group=self.group)
 
         # Server: average our chunk over ranks, add the server error, re-compress.
-        server_packed, server_scale, errors.server = _compress(
-            _server_average(*_from_rows(received), chunk) + errors.server,
-            _valid_in_chunk(n_elements, chunk, rank),
+        average = _server_average(*_from_rows(errors.received), chunk, errors.average, scratch=x)
+        average.add_(errors.server)
+        _, server_scale, _ = _compress(
+            average, _valid_in_chunk(n_elements, chunk, rank), errors.own_row[:, :-_SCALE_BYTES], errors.server
         )
-        own_row = _to_rows(server_packed.unsqueeze(0), server_scale)
-        gathered = own_row.new_empty((world, own_row.shape[1]))
-        dist.all_gather_single(gathered, own_row, group=self.group)
+        _set_scales(errors.own_row, server_scale)
+        dist.all_gather_single(errors.gathered, errors.own_row, group=self.group)
 
-        self.bytes_on_wire += 2 * (world - 1) * rows.shape[1]
-        result = _expand(*_from_rows(gathered), chunk).reshape(-1)[:n_elements]
+        self.bytes_on_wire += 2 * (world - 1) * errors.rows.shape[1]
+        result = _expand(*_from_rows(errors.gathered), chunk).reshape(-1)[:n_elements]
         return result.view(tensor.shape).to(tensor.dtype)
 
-    def _buffers(self, name: str, tensor: torch.Tensor, total: int, chunk: int) -> _ErrorBuffers:
-        """The error buffers of name, zeros on first use; a different element count under one name is an error."""
+    def _buffers(self, name: str, tensor: torch.Tensor, world: int, chunk: int) -> _ErrorBuffers:
+        """The buffers of name, zero errors on first use; a different element count under one name is an error."""
         if name not in self._errors:
             logger.debug("compressed allreduce %r: new error buffers for %d elements", name, tensor.numel())
-            self._errors[name] = _ErrorBuffers(
-                numel=tensor.numel(),
-                worker=torch.zeros(total, dtype=torch.float32, device=tensor.device),
-                server=torch.zeros(chunk, dtype=torch.float32, device=tensor.device),
-            )
+            self._errors[name] = _ErrorBuffers.zeros(tensor.numel(), world, chunk, tensor.device)
         errors = self._errors[name]
         if errors.numel != tensor.numel():
             raise FilterForwardError(
