@@ -36,7 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--frames", default=None, help="training frames START:STOP (default: the first half)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size, half positives (default 32)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=1e-3,
+        help="learning rate (default 1e-3; onebit_lamb uses 10x this: its step is relative to each tensor's size)",
+    )
     parser.add_argument(
         "--optimizer",
         default="adam",

@@ -108,10 +108,17 @@ def adam_step(entry: Entry, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, ste
 def masked(values: torch.Tensor, exp_avg_sq: torch.Tensor) -> torch.Tensor:
     """values with 0 where the variance is 0: entries whose gradient was always zero.
 
-    A sign cannot say 0, so the decompressed momentum is ±scale there, and with v = 0 the update
-    would be ±scale/ε; the mask keeps those entries at exactly zero.
+    A sign cannot say 0, so the decompressed value is ±scale there; the mask keeps those entries at
+    exactly zero (the 1-bit Adam paper's momentum mask).
     """
     return torch.where(exp_avg_sq > 0, values, 0.0)
+
+
+def apply_direction(entry: Entry, direction: torch.Tensor, step: int) -> None:
+    """p ← p·(1 − lr·wd) − lr·direction/(1 − β₁^step): adam_step with the division by √v̂ + ε already done."""
+    group = entry.group
+    entry.param.mul_(1 - group["lr"] * group["weight_decay"])
+    entry.param.add_(direction, alpha=-group["lr"] / bias_correction(group["betas"][0], step))
 
 
 class CompressedOptimizer(torch.optim.Optimizer):
@@ -227,6 +234,24 @@ class CompressedOptimizer(torch.optim.Optimizer):
             return result
         self.comm.reset_errors(name)
         return None
+
+    def _average_preconditioned(
+        self, tensors: list[torch.Tensor], denominators: list[torch.Tensor], variances: list[torch.Tensor], name: str
+    ) -> list[torch.Tensor] | None:
+        """The 1-bit average of tensor/denominator per tensor (masked where v = 0); None when it is not finite.
+
+        The signs share one scale, the RMS of everything compressed. In momentum (or gradient) units
+        that scale is set by the largest entries, and an entry whose variance is tiny would then move
+        by ±scale/√v — hundreds of Adam steps (measured: 0.33 per step with lr 1e-3 on a full-frame MC,
+        whose max over cells leaves most gradients near zero). Divided by the denominator √v̂ + ε,
+        which is identical on every rank, every entry is in units of an Adam step, so the compression
+        error and its feedback are too; the average is the same linear function of the inputs.
+        """
+        local = [masked(t, v).div_(d) for t, d, v in zip(tensors, denominators, variances, strict=True)]
+        averaged = self._average_compressed(local, name)
+        if averaged is None:
+            return None
+        return [masked(a, v) for a, v in zip(unflatten(averaged, local), variances, strict=True)]
 
     def _count_dense(self, tensor: torch.Tensor, world: int) -> None:
         """Add what a ring allreduce of tensor sends per rank: 2·(n−1)/n of its bytes."""

@@ -3,8 +3,11 @@
 Warm-up (steps 1..freeze_step): Adam (torch's AdamW arithmetic: bias correction, decoupled weight
 decay) on gradients averaged over ranks in full precision. Compression stage: the variance v stays
 frozen; each rank folds its local gradient into the momentum, m ← β₁m + (1−β₁)g, the momenta of all
-parameters are averaged in ONE error-compensated 1-bit allreduce, and p ← p − lr·(m̂/(√v̂+ε) + wd·p).
-Entries whose averaged gradient was zero during the whole warm-up (v = 0) keep a zero momentum.
+parameters, each divided by its frozen denominator √v̂+ε, are averaged in ONE error-compensated 1-bit
+allreduce, and p ← p − lr·(m̂/(√v̂+ε) + wd·p). Compressing m/(√v̂+ε) rather than m is the paper's
+algorithm with the compression error measured in Adam steps (see CompressedOptimizer._average_preconditioned):
+it keeps entries with a tiny frozen variance from taking steps of ±scale/√v. Entries whose averaged
+gradient was zero during the whole warm-up (v = 0) keep a zero momentum.
 """
 
 from __future__ import annotations
@@ -15,10 +18,10 @@ from models.optimizers.base import (
     CompressedOptimizer,
     Entry,
     Params,
+    adam_denominator,
     adam_step,
-    masked,
+    apply_direction,
     require_step_count,
-    unflatten,
     update_moments,
 )
 
@@ -64,13 +67,15 @@ class OnebitAdam(CompressedOptimizer):
         return True
 
     def _compressed_step(self, step: int, entries: list[Entry]) -> bool:
-        """Local momentum update, one compressed momentum allreduce, Adam step with the frozen variance."""
+        """Local momentum update, one compressed allreduce of m/(√v̂+ε), Adam step with the frozen variance."""
         moments = [self._moments(e.param) for e in entries]
-        local = [masked(m.lerp(e.grad, 1 - e.group["betas"][0]), v) for e, (m, v) in zip(entries, moments, strict=True)]
-        averaged = self._average_compressed(local, "momentum")
-        if averaged is None:
+        variances = [v for _, v in moments]
+        denominators = [adam_denominator(v, e.group, self.freeze_step) for e, v in zip(entries, variances, strict=True)]
+        local = [m.lerp(e.grad, 1 - e.group["betas"][0]) for e, (m, _) in zip(entries, moments, strict=True)]
+        directions = self._average_preconditioned(local, denominators, variances, "momentum")
+        if directions is None:
             return False
-        for entry, (exp_avg, exp_avg_sq), new in zip(entries, moments, unflatten(averaged, local), strict=True):
-            exp_avg.copy_(masked(new, exp_avg_sq))
-            adam_step(entry, exp_avg, exp_avg_sq, step, self.freeze_step)
+        for entry, (exp_avg, _), denominator, direction in zip(entries, moments, denominators, directions, strict=True):
+            exp_avg.copy_(direction * denominator)
+            apply_direction(entry, direction, step)
         return True

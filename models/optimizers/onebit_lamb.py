@@ -5,9 +5,11 @@ u = m̂/(√v̂+ε) + wd·p, trust ratio c = clip(‖p‖/‖u‖, min_coeff, ma
 p ← p − lr·c·u, and an exponential average of c (coeff_beta, started at the first c) becomes the
 tensor's frozen coefficient.
 
-Compression stage (v frozen): the local momenta m ← β₁m + (1−β₁)g of all tensors, each multiplied by
-a scaling coefficient that gives every tensor the same RMS (fixed at the first compressed step, from
-the momenta every rank shares), travel in ONE 1-bit allreduce. The reconstructed gradient
+Compression stage (v frozen): the local momenta m ← β₁m + (1−β₁)g of all tensors, each divided by its
+frozen denominator √v̂+ε (so that the 1-bit error is in units of Adam steps and cannot move an entry with
+a tiny variance by ±scale/√v, see CompressedOptimizer._average_preconditioned) and multiplied by a
+scaling coefficient that gives every tensor the same RMS (fixed at the first compressed step, from the
+momenta every rank shares), travel in ONE 1-bit allreduce. The reconstructed gradient
 g̃ = (m_t − β₁m_{t−1})/(1−β₁) feeds a fresh variance; per tensor, factor = max over elements of
 (√v̂_frozen+ε)/(√v̂_fresh+ε), clipped to [factor_min, factor_max] and then to within a relative
 ±factor_threshold of its previous value (1 at the start); p ← p − lr·coefficient·factor·u.
@@ -26,10 +28,8 @@ from models.optimizers.base import (
     Params,
     adam_denominator,
     bias_correction,
-    masked,
     require,
     require_step_count,
-    unflatten,
     update_moments,
 )
 
@@ -97,33 +97,38 @@ class OnebitLamb(CompressedOptimizer):
         if any("scaling" not in self.state[e.param] for e in entries):
             self._start_compression(entries)
         moments = [self._moments(e.param) for e in entries]
-        local = [
-            masked(m.lerp(e.grad, 1 - e.group["betas"][0]), v).mul_(self.state[e.param]["scaling"])
-            for e, (m, v) in zip(entries, moments, strict=True)
-        ]
-        averaged = self._average_compressed(local, "momentum")
+        variances = [v for _, v in moments]
+        # Compressed: m/(√v̂+ε) (in units of Adam steps), times the tensor's scaling coefficient.
+        units = [self._frozen_denominator(e).div_(self.state[e.param]["scaling"]) for e in entries]
+        local = [m.lerp(e.grad, 1 - e.group["betas"][0]) for e, (m, _) in zip(entries, moments, strict=True)]
+        averaged = self._average_preconditioned(local, units, variances, "momentum")
         if averaged is None:
             return False
-        for entry, (exp_avg, exp_avg_sq), scaled in zip(entries, moments, unflatten(averaged, local), strict=True):
+        for entry, (exp_avg, _), unit, scaled in zip(entries, moments, units, averaged, strict=True):
             state = self.state[entry.param]
             beta1, beta2 = entry.group["betas"]
-            new_avg = masked(scaled / state["scaling"], exp_avg_sq)
+            new_avg = scaled.mul_(unit)
             grad = (new_avg - beta1 * exp_avg) / (1 - beta1)
             state["exp_avg_sq_fresh"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             exp_avg.copy_(new_avg)
-            frozen = adam_denominator(exp_avg_sq, entry.group, self.freeze_step)
+            frozen = self._frozen_denominator(entry)
             fresh = adam_denominator(state["exp_avg_sq_fresh"], entry.group, step)
             state["factor"] = self._clip_factor((frozen / fresh).max().item(), state["factor"])
             update = _lamb_update(entry, exp_avg, frozen, step)
             entry.param.add_(update, alpha=-entry.group["lr"] * state["lamb_coeff"] * state["factor"])
         return True
 
+    def _frozen_denominator(self, entry: Entry) -> torch.Tensor:
+        """√v̂ + ε of the variance frozen at the end of the warm-up."""
+        return adam_denominator(self._moments(entry.param)[1], entry.group, self.freeze_step)
+
     def _start_compression(self, entries: list[Entry]) -> None:
-        """Fix the scaling coefficients (equal RMS per tensor) and start the fresh variance from the frozen one.
+        """Fix the scaling coefficients (equal RMS of m/(√v̂+ε) per tensor); the fresh variance starts as the frozen one.
 
         The momenta here are the warm-up's, identical on every rank, so the coefficients are too.
         """
-        rms = [self._moments(e.param)[0].norm().item() / math.sqrt(max(e.param.numel(), 1)) for e in entries]
+        directions = [self._moments(e.param)[0].div(self._frozen_denominator(e)) for e in entries]
+        rms = [d.norm().item() / math.sqrt(max(d.numel(), 1)) for d in directions]
         nonzero = [r for r in rms if r > 0]
         target = sum(nonzero) / len(nonzero) if nonzero else 0.0
         for entry, r in zip(entries, rms, strict=True):

@@ -2,15 +2,20 @@
 
 Phase A (steps 1..var_freeze_step): the variance is refreshed, from gradients averaged in full
 precision, only at steps whose interval starts at 1 and doubles after every `var_update_scaler`
-refreshes (so the first `var_update_scaler` steps are plain Adam). At the other steps the gradients
-are averaged by an error-compensated 1-bit allreduce and only the momentum moves.
+refreshes (so the first `var_update_scaler` steps are plain Adam). At the other steps the gradients,
+each divided by its current denominator √v̂+ε, are averaged by an error-compensated 1-bit allreduce
+and only the momentum moves.
 
 Phase B (after var_freeze_step, variance frozen): each rank steps with its own gradient and accumulates
-its update u ← u·(1 − lr·wd) + lr·m̂. At synchronisation steps (interval 1, doubling after every
-`local_step_scaler` synchronisations, at most `local_step_clipper`) ū = 1-bit allreduce(u), every rank
-moves to p = p_anchor·Π(1 − lr·wd) − ū/(√v̂+ε), which is where the local steps would have led had
-they all used ū, and rebuilds the momentum as ū/Σlr. The anchor, u, Σlr and Π are identical on every
-rank after a synchronisation, so the parameters are too.
+its displacement u ← u·(1 − lr·wd) + lr·m̂/(√v̂+ε). At synchronisation steps (interval 1, doubling after
+every `local_step_scaler` synchronisations, at most `local_step_clipper`) ū = 1-bit allreduce(u), every
+rank moves to p = p_anchor·Π(1 − lr·wd) − ū, which is where the local steps would have led had they
+all used ū, and rebuilds the momentum as ū·(√v̂+ε)/Σlr. The anchor, u, Σlr and Π are identical on
+every rank after a synchronisation, so the parameters are too.
+
+Both compress values in units of Adam steps (divided by √v̂+ε, identical on every rank) rather than
+gradients or momenta: the paper's arithmetic when nothing is lost, but the 1-bit error can no longer
+move an entry with a tiny variance by ±scale/√v (see CompressedOptimizer._average_preconditioned).
 
 Bias correction: m̂ uses the step count, v̂ the number of variance refreshes.
 """
@@ -92,7 +97,7 @@ class ZeroOneAdam(CompressedOptimizer):
                 self._synchronise(step, entries)
             return True
         refresh = self.refreshes_variance(step)
-        grads = self._averaged_gradients(entries, refresh)
+        grads = self._averaged_gradients(step, entries, refresh)
         if grads is None:
             return False
         variance_updates = self.variance_updates(step)
@@ -105,16 +110,21 @@ class ZeroOneAdam(CompressedOptimizer):
             adam_step(entry, exp_avg, exp_avg_sq, step, variance_updates)
         return True
 
-    def _averaged_gradients(self, entries: list[Entry], full_precision: bool) -> list[torch.Tensor] | None:
-        """Phase A's gradients: averaged exactly on refresh steps, by the 1-bit allreduce otherwise."""
+    def _averaged_gradients(self, step: int, entries: list[Entry], full_precision: bool) -> list[torch.Tensor] | None:
+        """Phase A's gradients: averaged exactly on refresh steps, otherwise by the 1-bit allreduce of g/(√v̂+ε)."""
         if full_precision:
             return [e.grad for e in entries] if self._average_gradients(entries) else None
         variances = [self._moments(e.param)[1] for e in entries]
-        local = [masked(e.grad, v) for e, v in zip(entries, variances, strict=True)]
-        averaged = self._average_compressed(local, "gradient")
-        if averaged is None:
+        denominators = self._denominators(step, entries)
+        directions = self._average_preconditioned([e.grad for e in entries], denominators, variances, "gradient")
+        if directions is None:
             return None
-        return [masked(g, v) for g, v in zip(unflatten(averaged, local), variances, strict=True)]
+        return [direction.mul_(d) for direction, d in zip(directions, denominators, strict=True)]
+
+    def _denominators(self, step: int, entries: list[Entry]) -> list[torch.Tensor]:
+        """√v̂ + ε of every entry at this step (v̂ corrected for the refreshes so far); identical on every rank."""
+        count = self.variance_updates(step)
+        return [adam_denominator(self._moments(e.param)[1], e.group, count) for e in entries]
 
     def _local_step(self, step: int, entries: list[Entry]) -> None:
         """A rank-local Adam step with the frozen variance, accumulated for the next synchronisation.
@@ -126,8 +136,7 @@ class ZeroOneAdam(CompressedOptimizer):
         finite = all(all_finite(e.grad) for e in entries)
         if not finite:
             log.warning("0/1 Adam local step %d dropped on this rank: its gradient is not finite", step)
-        variance_updates = self.variance_updates(step)
-        for entry, state in zip(entries, states, strict=True):
+        for entry, state, denominator in zip(entries, states, self._denominators(step, entries), strict=True):
             lr, keep = entry.group["lr"], 1 - entry.group["lr"] * entry.group["weight_decay"]
             # The decay and Σlr follow the schedule, not the data: they must match on every rank.
             entry.param.mul_(keep)
@@ -138,23 +147,23 @@ class ZeroOneAdam(CompressedOptimizer):
                 continue
             exp_avg, exp_avg_sq = self._moments(entry.param)
             exp_avg.copy_(masked(exp_avg.lerp(entry.grad, 1 - entry.group["betas"][0]), exp_avg_sq))
-            direction = exp_avg / bias_correction(entry.group["betas"][0], step)
-            entry.param.addcdiv_(direction, adam_denominator(exp_avg_sq, entry.group, variance_updates), value=-lr)
+            direction = exp_avg.div(denominator).div_(bias_correction(entry.group["betas"][0], step))
+            entry.param.add_(direction, alpha=-lr)
             state["accumulated_update"].add_(direction, alpha=lr)
 
     def _synchronise(self, step: int, entries: list[Entry]) -> None:
         """Average the accumulated updates in 1 bit, move every rank to the common point, rebuild the momentum."""
         updates = [self.state[e.param]["accumulated_update"] for e in entries]
         averaged = self.comm.allreduce(flatten(updates), "update")
-        variance_updates = self.variance_updates(step)
-        for entry, update in zip(entries, unflatten(averaged, updates), strict=True):
+        denominators = self._denominators(step, entries)
+        for entry, update, denominator in zip(entries, unflatten(averaged, updates), denominators, strict=True):
             state = self.state[entry.param]
             exp_avg, exp_avg_sq = self._moments(entry.param)
             update = masked(update, exp_avg_sq)
-            denominator = adam_denominator(exp_avg_sq, entry.group, variance_updates)
-            entry.param.copy_(state["anchor"]).mul_(state["decay"]).addcdiv_(update, denominator, value=-1)
+            entry.param.copy_(state["anchor"]).mul_(state["decay"]).sub_(update)
             if state["lr_sum"] > 0:  # a zero learning rate all interval long leaves nothing to rebuild from
-                exp_avg.copy_(update).mul_(bias_correction(entry.group["betas"][0], step) / state["lr_sum"])
+                scale = bias_correction(entry.group["betas"][0], step) / state["lr_sum"]
+                exp_avg.copy_(update).mul_(denominator).mul_(scale)
             state["anchor"].copy_(entry.param)
             state["accumulated_update"].zero_()
             state["lr_sum"], state["decay"] = 0.0, 1.0
