@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import cv2
@@ -91,3 +91,21 @@ def short_clip(tmp_path_factory: pytest.TempPathFactory, intel_car: Path) -> Pat
 def make_filter() -> Callable[..., tuple[FilterSpec, bytes]]:
     """export_filter as a fixture, so test modules need not import conftest."""
     return export_filter
+
+
+@pytest.fixture(scope="module")
+def base_model() -> Path:
+    """The exported base DNN from the usual cache (exported once, shared by every test)."""
+    from models.base_export import ensure_base_model
+
+    return ensure_base_model()
+
+
+@pytest.fixture(scope="module")
+def feature_cache(base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh cache for one test module, so its feature-cache hits and misses are its own; spawned workers
+    and torchrun inherit it through the environment."""
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("cache")
+        patch.setenv("FILTERFORWARD_CACHE", str(path))
+        yield path

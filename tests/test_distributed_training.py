@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,6 @@ from distributed import run_workers
 from torch.nn.utils import parameters_to_vector
 
 from filterforward.cli import main
-from models.base_export import ensure_base_model
 from models.bundle import load_bundle
 from models.datasets.labelled import LabelledDataset
 from models.datasets.synth import write_synthetic
@@ -20,20 +18,6 @@ from models.training import TrainConfig, parse_curriculum
 
 SIZE = (320, 192)
 OPTIMIZERS = ("adam", "onebit_adam", "zeroone_adam", "onebit_lamb")
-
-
-@pytest.fixture(scope="module")
-def base_model() -> Path:
-    return ensure_base_model()
-
-
-@pytest.fixture(scope="module")
-def feature_cache(base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh cache, inherited by the spawned workers and torchrun, so that rank 0 really fills it here."""
-    with pytest.MonkeyPatch.context() as patch:
-        path = tmp_path_factory.mktemp("cache")
-        patch.setenv("FILTERFORWARD_CACHE", str(path))
-        yield path
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ from edge.basednn import BaseDNN
 from edge.mcbank import CameraState, MCBank
 from edge.smoother import smooth_scores
 from filterforward.cli import main
-from models.base_export import ensure_base_model, file_digest
+from models.base_export import file_digest
 from models.bundle import check_mc_model, load_bundle
 from models.cache import cache_dir
 from models.datasets.labelled import LabelledDataset
@@ -42,21 +41,6 @@ from models.training import (
 TINY_SIZE = (128, 96)
 CLIP_SIZE = (320, 192)
 RIGHT_HALF = ROI(x0=0.5, y0=0.0, x1=1.0, y1=1.0)
-
-
-@pytest.fixture(scope="module")
-def base_model() -> Path:
-    """The exported base DNN from the usual cache (shared with the other tests, exported once)."""
-    return ensure_base_model()
-
-
-@pytest.fixture(scope="module")
-def feature_cache(base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh cache for features, so that hits and misses here are this module's own."""
-    with pytest.MonkeyPatch.context() as patch:
-        path = tmp_path_factory.mktemp("cache")
-        patch.setenv("FILTERFORWARD_CACHE", str(path))
-        yield path
 
 
 @pytest.fixture(scope="module")
