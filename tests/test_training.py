@@ -284,3 +284,16 @@ def test_curricula_delay_the_variance_freeze_of_compressed_optimizers() -> None:
     late = (parse_curriculum("window:fixed_discrete:2,5:30"), parse_curriculum("resolution:fixed_linear:50:100:10"))
     assert make_optimizer("onebit_adam", params, 1e-3, 100, late).freeze_step == 30 + 20
     assert make_optimizer("zeroone_adam", params, 1e-3, 100, late).var_freeze_step == 30 + 50
+
+
+def test_cli_trains_one_mc_per_event_from_one_feature_pass(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ["train", str(tiny.root), "--event", "blue_present", "--event", "any_object", "--arch", "full_frame"]
+    argv += ["--frames", "0:40", "--steps", "10", "--base-model", str(base_model), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.count("bundle: ") == 2
+    specs = [load_bundle(tmp_path / f"{event}-full_frame")[0] for event in ("blue_present", "any_object")]
+    assert [spec.event for spec in specs] == ["blue_present", "any_object"]
+    assert main([*argv, "--name", "one-name"]) == 2
+    assert "--name names one filter" in capsys.readouterr().err

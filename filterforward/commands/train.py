@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from pydantic import ValidationError
 
@@ -12,17 +12,25 @@ from models.errors import FilterForwardError
 from models.filterspec import Architecture
 from models.roi import ROI
 
+if TYPE_CHECKING:
+    from models.datasets import LabelledDataset
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
         help="train a microclassifier for one event of a labelled dataset",
-        description="Train one MC from cached base-DNN features (computed once per dataset, tap and ROI) and "
-        "write a filter bundle (spec.json + model.onnx) that the edge and the cloud accept. The threshold is "
-        "chosen on the training frames; keep the other frames for `filterforward eval`.",
+        description="Train one MC (or one per --event) from cached base-DNN features (computed once per dataset, "
+        "tap and ROI) and write a filter bundle (spec.json + model.onnx) that the edge and the cloud accept. "
+        "The threshold is chosen on the training frames; keep the other frames for `filterforward eval`.",
     )
     parser.add_argument("dataset", type=Path, help="dataset folder (labels.csv + video or images)")
-    parser.add_argument("--event", help="label column to learn (default: the dataset's only event)")
+    parser.add_argument(
+        "--event",
+        action="append",
+        help="label column to learn (default: the dataset's only event); repeat to train one MC per event, "
+        "each written to OUT/<event>-<arch>, reusing the cached base-DNN features of the same tap and ROI",
+    )
     parser.add_argument(
         "--arch", choices=get_args(Architecture), default="localized", help="MC architecture (default localized)"
     )
@@ -69,18 +77,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: MCs are tiny)")
     parser.add_argument("--name", help="filter name (default: EVENT-ARCH)")
     parser.add_argument("--base-model", type=Path, help="base ONNX model with named taps (default: EfficientNet-Lite0)")
-    parser.add_argument("--out", type=Path, required=True, help="bundle folder to write")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="bundle folder to write (with several --event: their parent)"
+    )
     parser.set_defaults(func=_train)
 
 
 def _train(args: argparse.Namespace) -> int:
-    from filterforward.commands.options import parse_range, parse_size
     from models.datasets.labelled import open_dataset
+
+    dataset = open_dataset(args.dataset)
+    events = _events(args.event, dataset.events())
+    if len(events) > 1 and args.name:
+        raise FilterForwardError("--name names one filter: drop it when training several --event at once")
+    for event in events:
+        out = args.out if len(events) == 1 else args.out / f"{event}-{args.arch}"
+        _train_one(args, dataset, event, out)
+    return 0
+
+
+def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, out: Path) -> None:
+    """Train and summarise one MC (MCs after the first on the same tap and ROI reuse the cached features)."""
+    from filterforward.commands.options import parse_range, parse_size
     from models.taps import round_input_size
     from models.training import TrainConfig, parse_curriculum, train_mc
 
-    dataset = open_dataset(args.dataset)
-    event = _event(args.event, dataset.events())
     frames = parse_range(args.frames, dataset.n_frames) if args.frames else (0, max(1, dataset.n_frames // 2))
     config = TrainConfig(
         event=event,
@@ -100,11 +121,11 @@ def _train(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     if args.nproc == 1:
-        result = train_mc(dataset, config, args.out, args.base_model)
+        result = train_mc(dataset, config, out, args.base_model)
     else:
         from models.distributed_training import launch
 
-        result = launch(dataset, config, args.out, args.nproc, args.base_model)
+        result = launch(dataset, config, out, args.nproc, args.base_model)
     spec, scores = result.spec, result.train_scores
     roi = spec.roi
     print(
@@ -122,14 +143,13 @@ def _train(args: argparse.Namespace) -> int:
         f"{scores.n_detected}/{scores.n_events} events)"
     )
     print(f"bundle: {result.bundle}")
-    return 0
 
 
-def _event(event: str | None, events: list[str]) -> str:
-    if event is not None:
-        return event
+def _events(chosen: list[str] | None, events: list[str]) -> list[str]:
+    if chosen:
+        return list(dict.fromkeys(chosen))  # in order, each once
     if len(events) == 1:
-        return events[0]
+        return events
     raise FilterForwardError(f"the dataset has several events ({', '.join(events)}): choose one with --event")
 
 
