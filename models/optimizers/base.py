@@ -281,3 +281,24 @@ class CompressedOptimizer(torch.optim.Optimizer):
             state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
         return state["exp_avg"], state["exp_avg_sq"]
+
+
+class FreezingOptimizer(CompressedOptimizer):
+    """A warm-up stage on full-precision averaged gradients for `freeze_step` steps, then the compression stage
+    (1-bit Adam and 1-bit LAMB); subclasses set `freeze_step` and define the two stages."""
+
+    freeze_step: int
+
+    def _needs_dense_gradients(self, step: int) -> bool:
+        return step <= self.freeze_step
+
+    def _update(self, step: int, entries: list[Entry]) -> bool:
+        if step <= self.freeze_step:
+            return self._warmup_step(step, entries)
+        return self._compressed_step(step, entries)
+
+    def _warmup_step(self, step: int, entries: list[Entry]) -> bool:
+        raise NotImplementedError
+
+    def _compressed_step(self, step: int, entries: list[Entry]) -> bool:
+        raise NotImplementedError

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from models.optimizers.base import (
-    CompressedOptimizer,
     Entry,
+    FreezingOptimizer,
     Params,
     adam_denominator,
     adam_step,
@@ -26,7 +26,7 @@ from models.optimizers.base import (
 )
 
 
-class OnebitAdam(CompressedOptimizer):
+class OnebitAdam(FreezingOptimizer):
     """1-bit Adam as a torch.optim.Optimizer; works on one process as plain Adam with a frozen variance.
 
     freeze_step: warm-up length in steps (the paper suggests 15–25% of the run). group: the process
@@ -47,14 +47,6 @@ class OnebitAdam(CompressedOptimizer):
         require_step_count("freeze_step", freeze_step)
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}, group)
         self.freeze_step = freeze_step
-
-    def _needs_dense_gradients(self, step: int) -> bool:
-        return step <= self.freeze_step
-
-    def _update(self, step: int, entries: list[Entry]) -> bool:
-        if step <= self.freeze_step:
-            return self._warmup_step(step, entries)
-        return self._compressed_step(step, entries)
 
     def _warmup_step(self, step: int, entries: list[Entry]) -> bool:
         """Adam on the full-precision average of the gradients."""

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from models.optimizers.base import (
-    CompressedOptimizer,
     Entry,
+    FreezingOptimizer,
     Params,
     adam_denominator,
     bias_correction,
@@ -34,7 +34,7 @@ from models.optimizers.base import (
 )
 
 
-class OnebitLamb(CompressedOptimizer):
+class OnebitLamb(FreezingOptimizer):
     """1-bit LAMB as a torch.optim.Optimizer; on one process the compression stage is uncompressed."""
 
     def __init__(
@@ -68,14 +68,6 @@ class OnebitLamb(CompressedOptimizer):
         self.coeff_beta = coeff_beta
         self.factor_range = (factor_min, factor_max)
         self.factor_threshold = factor_threshold
-
-    def _needs_dense_gradients(self, step: int) -> bool:
-        return step <= self.freeze_step
-
-    def _update(self, step: int, entries: list[Entry]) -> bool:
-        if step <= self.freeze_step:
-            return self._warmup_step(step, entries)
-        return self._compressed_step(step, entries)
 
     def _warmup_step(self, step: int, entries: list[Entry]) -> bool:
         """LAMB on the full-precision average of the gradients; the trust ratios feed each tensor's coefficient."""
