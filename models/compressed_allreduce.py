@@ -110,9 +110,7 @@ def _compress(
     return packed, scale.reshape(1), error
 
 
-def _expand(
-    packed: torch.Tensor, scales: torch.Tensor, length: int, out: torch.Tensor | None = None
-) -> torch.Tensor:
+def _expand(packed: torch.Tensor, scales: torch.Tensor, length: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Rows of packed signs (k, length/8) and their scales (k,) -> the decompressed values, shape (k, length)."""
     out = packed.new_empty((packed.shape[0], length), dtype=torch.float32) if out is None else out
     for row_packed, scale, row_out in zip(packed, scales, out, strict=True):
