@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from models.errors import FilterForwardError
+from edge.configfile import read_config, resolve
 from models.taps import check_input_size
 
 
@@ -47,35 +46,20 @@ class EdgeConfig(BaseModel):
 
 def load_edge_config(path: Path) -> EdgeConfig:
     """Read and validate an edge YAML file; relative paths in it are relative to the file."""
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise FilterForwardError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise FilterForwardError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
-    try:
-        config = EdgeConfig.model_validate(raw or {})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-        raise FilterForwardError(f"config file {path}: {where}: {first['msg']}") from None
-    return _resolve_paths(config, Path(path).parent)
+    return _resolve_paths(read_config(path, EdgeConfig), Path(path).parent)
 
 
 def _resolve_paths(config: EdgeConfig, base: Path) -> EdgeConfig:
-    def resolve(path: Path) -> Path:
-        return path if path.is_absolute() else base / path
-
     def resolve_source(source: str) -> str:
         is_path = "://" not in source and not source.isdigit() and not source.startswith("/dev/")
-        return str(resolve(Path(source))) if is_path else source
+        return str(resolve(Path(source), base)) if is_path else source
 
     cameras = [cam.model_copy(update={"source": resolve_source(cam.source)}) for cam in config.cameras]
     return config.model_copy(
         update={
             "cameras": cameras,
-            "filters": [resolve(p) for p in config.filters],
-            "base_model": resolve(config.base_model) if config.base_model else None,
-            "sink": SinkConfig(path=resolve(config.sink.path)),
+            "filters": [resolve(p, base) for p in config.filters],
+            "base_model": resolve(config.base_model, base) if config.base_model else None,
+            "sink": SinkConfig(path=resolve(config.sink.path, base)),
         }
     )

@@ -1,0 +1,99 @@
+"""The cloud service's YAML configuration, validated strictly at load time (secrets via `${ENV}`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+
+from edge.configfile import read_config, resolve
+
+Scope = Literal["read", "write"]
+
+
+class TokenConfig(BaseModel):
+    """A bearer token for the REST API; `write` implies nothing about `read`: list both for full access."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, description="who holds it (for logs)")
+    token: str = Field(min_length=16, description="the secret; use ${ENV} rather than writing it here")
+    scopes: list[Scope] = Field(default_factory=lambda: ["read"], min_length=1)
+
+
+class ZmqConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    bind: str = Field("0.0.0.0", description="address the ingest and filter sockets bind")
+    ingest_port: int = Field(5555, ge=1, le=65535, description="ROUTER for the edges' uplinks")
+    publish_port: int = Field(5556, ge=1, le=65535, description="PUB for filter updates")
+    secret_key: Path | None = Field(None, description="the cloud's CURVE secret key file (filterforward keys)")
+    edge_keys: Path | None = Field(None, description="folder of allowed edges' public key files (<edge>.key)")
+    insecure: bool = Field(False, description="no CURVE: only for loopback tests and demos")
+    heartbeat: float = Field(1.0, gt=0, description="seconds between heartbeats to each edge")
+    edge_timeout: float = Field(5.0, gt=0, description="an edge silent this long is shown offline")
+
+    @model_validator(mode="after")
+    def _keys_or_insecure(self) -> ZmqConfig:
+        if not self.insecure and (self.secret_key is None or self.edge_keys is None):
+            raise ValueError(
+                "set zmq.secret_key and zmq.edge_keys (create them with `filterforward keys`), "
+                "or zmq.insecure: true for a loopback test"
+            )
+        return self
+
+
+class RetentionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_age_days: float | None = Field(30.0, gt=0, description="delete frames and clips older than this")
+    max_bytes: int | None = Field(50 * 2**30, gt=0, description="delete the oldest payloads above this total")
+    interval: float = Field(60.0, gt=0, description="seconds between retention sweeps")
+
+
+class MqttConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password: str | None = None
+    topic_prefix: str = Field("filterforward", description="events go to <prefix>/<camera>/<filter>/<start|end>")
+
+
+class CloudConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data_dir: Path = Field(Path("filterforward-cloud"), description="frame store and the default SQLite file")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in data_dir")
+    host: str = Field("127.0.0.1", description="HTTP bind address")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port")
+    public_url: str | None = Field(None, description="base URL of this service in notifications")
+    tokens: list[TokenConfig] = Field(min_length=1)
+    zmq: ZmqConfig
+    retention: RetentionConfig = RetentionConfig()
+    mqtt: MqttConfig | None = None
+    webhooks: list[HttpUrl] = Field(default_factory=list, description="URLs that get each event start/end as JSON")
+    max_upload_bytes: int = Field(16 * 2**20, gt=0, description="limit on an uploaded MC model")
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'filterforward.db'}"
+
+    @property
+    def base_url(self) -> str:
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
+def load_cloud_config(path: Path) -> CloudConfig:
+    """Read and validate a cloud YAML file; relative paths in it are relative to the file."""
+    config = read_config(path, CloudConfig)
+    base = Path(path).parent
+    zmq = config.zmq.model_copy(
+        update={
+            "secret_key": resolve(config.zmq.secret_key, base) if config.zmq.secret_key else None,
+            "edge_keys": resolve(config.zmq.edge_keys, base) if config.zmq.edge_keys else None,
+        }
+    )
+    return config.model_copy(update={"data_dir": resolve(config.data_dir, base), "zmq": zmq})

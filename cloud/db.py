@@ -1,0 +1,179 @@
+"""The cloud's relational schema (SQLAlchemy 2.0) and its engine: SQLite by default, PostgreSQL by URL.
+
+Frame and clip payloads live on disk (cloud.framestore); rows hold their relative paths. Events and frames
+are linked by the event's uid ("<edge>/<run>/<edge's event id>") rather than a foreign key, because a
+frame may arrive before the start of its event when the edge resends after a reconnect.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar = {dict[str, Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Filter(Base):
+    """A registered filter: its spec (models.filterspec.FilterSpec as JSON) and its ONNX weights."""
+
+    __tablename__ = "filters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    spec: Mapped[dict[str, Any]]
+    onnx: Mapped[bytes] = mapped_column(LargeBinary)
+    revision: Mapped[int] = mapped_column(Integer, doc="the filter-set version of its last change")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class FilterChange(Base):
+    """The filter-set's change log: version n is the n-th change (put or delete), published to edges in order."""
+
+    __tablename__ = "filter_changes"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(8))  # put | delete
+    at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Edge(Base):
+    __tablename__ = "edges"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run: Mapped[str] = mapped_column(String(64), default="")
+    public_key: Mapped[str | None] = mapped_column(String(64))
+    first_seen: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+    filters_version: Mapped[int] = mapped_column(Integer, default=0)
+    stats: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="the uplink part of its last stats message")
+
+
+class Camera(Base):
+    __tablename__ = "cameras"
+
+    edge_id: Mapped[str] = mapped_column(ForeignKey("edges.id", ondelete="CASCADE"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_seen: Mapped[datetime] = mapped_column(default=utcnow)
+    stats: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="its part of the edge's last stats message")
+
+
+class StoredFrame(Base):
+    """A matched frame, stored once per (edge, seq) however often it arrives."""
+
+    __tablename__ = "frames"
+    __table_args__ = (
+        UniqueConstraint("edge_id", "seq", name="uq_frames_edge_seq"),
+        Index("ix_frames_camera_received", "camera", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    edge_id: Mapped[str] = mapped_column(String(64))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    run: Mapped[str] = mapped_column(String(64))
+    camera: Mapped[str] = mapped_column(String(64))
+    frame_index: Mapped[int] = mapped_column(BigInteger)
+    stream_time: Mapped[float] = mapped_column(Float)
+    captured_at: Mapped[datetime] = mapped_column(doc="the edge's wall clock when it processed the frame")
+    received_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    scores: Mapped[dict[str, Any]]
+    path: Mapped[str | None] = mapped_column(String(255), doc="payload file relative to the frame store root")
+    size: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Event(Base):
+    """An event of one filter on one camera, as the edge's smoother reported it (end fields None while open)."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_filter_camera_start", "filter", "camera", "started_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    uid: Mapped[str] = mapped_column(String(300), unique=True)  # <edge>/<run>/<edge's event id>
+    edge_id: Mapped[str] = mapped_column(String(64))
+    run: Mapped[str] = mapped_column(String(64))
+    filter: Mapped[str] = mapped_column(String(64))
+    camera: Mapped[str] = mapped_column(String(64))
+    start_frame: Mapped[int] = mapped_column(BigInteger)
+    start_time: Mapped[float] = mapped_column(Float, doc="stream time")
+    end_frame: Mapped[int | None] = mapped_column(BigInteger)
+    end_time: Mapped[float | None] = mapped_column(Float)
+    peak_score: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(doc="the edge's wall clock at the event start")
+    ended_at: Mapped[datetime | None]
+    clip_path: Mapped[str | None] = mapped_column(String(255))
+    clip_size: Mapped[int] = mapped_column(Integer, default=0)
+    start_notified: Mapped[bool] = mapped_column(Boolean, default=False)
+    end_notified: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class EventFrame(Base):
+    """Which stored frames belong to which events (by event uid: see the module doc)."""
+
+    __tablename__ = "event_frames"
+
+    event_uid: Mapped[str] = mapped_column(String(300), primary_key=True)
+    frame_id: Mapped[int] = mapped_column(ForeignKey("frames.id", ondelete="CASCADE"), primary_key=True, index=True)
+
+
+class Counter(Base):
+    """Persistent counters (ingest refusals, retention deletions, ...) for /api/stats and /metrics."""
+
+    __tablename__ = "counters"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, default=0)
+    note: Mapped[str] = mapped_column(Text, default="")
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for a SQLAlchemy URL, with the schema created; SQLite gets WAL and foreign keys on."""
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    is_sqlite = url.startswith("sqlite")
+    engine = create_engine(
+        url,
+        pool_pre_ping=True,
+        connect_args={"check_same_thread": False, "timeout": 30} if is_sqlite else {},
+    )
+    if is_sqlite:
+        event.listen(engine, "connect", _sqlite_pragmas)
+    Base.metadata.create_all(engine)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def session_factory(engine: Engine) -> sessionmaker:
+    return sessionmaker(engine, expire_on_commit=False)

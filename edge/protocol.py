@@ -1,0 +1,167 @@
+"""The edge <-> cloud wire protocol: message kinds, their headers, and how they travel as ZeroMQ multipart.
+
+Every message is three frames: the protocol tag `PROTOCOL` (b"ff/1"), a UTF-8 JSON header (a pydantic
+model below, chosen by its `type` field) and a payload (b"" when the kind carries none). The header is
+validated strictly (`extra="forbid"`), so a malformed or foreign message fails `decode()` with a
+`ProtocolError` that says what is wrong; the receiver counts it and goes on.
+
+Uplink, edge DEALER -> cloud ROUTER (the ROUTER sees an identity frame first):
+  hello        on connect and whenever the cloud's session changes: who the edge is and its cameras
+  heartbeat    every `heartbeat` seconds; the cloud answers with its own heartbeat
+  stats        periodic per-camera and uplink counters (not spooled: a lost one is replaced by the next)
+  frame        a matched frame (payload: JPEG, or b"" when it went before or the filter sends clips)
+  event        an event start or end (payload: the H.264 MP4 clip of a clip-policy filter at its end)
+  snapshot     "send me every current filter" (the Clone pattern's ICANHAZ)
+`frame` and `event` carry a sequence number `seq`, unique per edge for ever (it survives restarts via the
+spool); the cloud stores them idempotently on (edge, seq) and answers `ack` listing the stored seqs.
+
+Cloud -> edge on the same ROUTER: ack, heartbeat, filter (one per current filter, snapshot reply),
+snapshot_end (the version the snapshot reflects) and error (a refused message, for the edge's log).
+
+Filter updates, cloud PUB -> edge SUB: the same `filter` message, preceded by the topic frame `TOPIC`.
+Each change has a version one above the previous; an edge applies updates above its snapshot's version in
+order and asks for a new snapshot when it sees a gap.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from models.filterspec import NAME_PATTERN, FilterSpec
+
+PROTOCOL = b"ff/1"
+TOPIC = b"filters"
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # edge and camera ids (as in the edge config)
+MAX_HEADER_BYTES = 64 * 1024
+MAX_PAYLOAD_BYTES = 32 * 1024 * 1024  # a clip of a long event; frames are far smaller
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow this protocol; the text says what is wrong with it."""
+
+
+class _Header(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hello(_Header):
+    type: Literal["hello"] = "hello"
+    edge: str = Field(pattern=ID_PATTERN)
+    run: str = Field(min_length=1, max_length=64, description="changes each time the edge process starts")
+    cameras: list[str] = Field(default_factory=list)
+    filters_version: int = Field(0, ge=0, description="version of the filter set the edge runs")
+
+
+class Heartbeat(_Header):
+    type: Literal["heartbeat"] = "heartbeat"
+    sender: str = Field(min_length=1, max_length=64, description="edge id, or the cloud's session id")
+
+
+class Stats(_Header):
+    type: Literal["stats"] = "stats"
+    edge: str = Field(pattern=ID_PATTERN)
+    cameras: dict[str, dict[str, float | bool | str]] = Field(default_factory=dict)
+    uplink: dict[str, float | bool | str] = Field(default_factory=dict)
+
+
+class FrameHeader(_Header):
+    type: Literal["frame"] = "frame"
+    edge: str = Field(pattern=ID_PATTERN)
+    run: str = Field(min_length=1, max_length=64)
+    seq: int = Field(ge=0)
+    camera: str = Field(pattern=ID_PATTERN)
+    frame: int = Field(ge=0, description="frame index in the camera's stream")
+    timestamp: float = Field(ge=0, description="stream time in seconds")
+    wall_time: float = Field(ge=0, description="unix time at the edge when the frame was processed")
+    scores: dict[str, float] = Field(description="filter name -> score, for the filters that matched")
+    events: list[str] = Field(default_factory=list, description="ids of the open events the frame belongs to")
+    payload: Literal["jpeg", "none"] = "jpeg"
+
+
+class EventInfo(_Header):
+    id: str = Field(min_length=1, max_length=200)
+    filter: str = Field(pattern=NAME_PATTERN)
+    camera: str = Field(pattern=ID_PATTERN)
+    start_frame: int = Field(ge=0)
+    start_time: float = Field(ge=0)
+    end_frame: int | None = Field(None, ge=0)
+    end_time: float | None = Field(None, ge=0)
+    peak_score: float
+
+
+class EventHeader(_Header):
+    type: Literal["event"] = "event"
+    edge: str = Field(pattern=ID_PATTERN)
+    run: str = Field(min_length=1, max_length=64)
+    seq: int = Field(ge=0)
+    phase: Literal["start", "end"]
+    wall_time: float = Field(ge=0, description="unix time at the edge when the event started or ended")
+    event: EventInfo
+    payload: Literal["mp4", "none"] = "none"
+
+
+class SnapshotRequest(_Header):
+    type: Literal["snapshot"] = "snapshot"
+    edge: str = Field(pattern=ID_PATTERN)
+
+
+class Ack(_Header):
+    type: Literal["ack"] = "ack"
+    seqs: list[int] = Field(description="sequence numbers now stored (or already stored before)")
+
+
+class FilterUpdate(_Header):
+    """One filter as of `version`: `put` carries its spec (payload: its ONNX model), `delete` only its name."""
+
+    type: Literal["filter"] = "filter"
+    version: int = Field(ge=1)
+    action: Literal["put", "delete"]
+    name: str = Field(pattern=NAME_PATTERN)
+    spec: FilterSpec | None = None
+
+
+class SnapshotEnd(_Header):
+    type: Literal["snapshot_end"] = "snapshot_end"
+    version: int = Field(ge=0, description="the filter-set version the snapshot reflects")
+
+
+class Error(_Header):
+    type: Literal["error"] = "error"
+    message: str
+
+
+Header = Annotated[
+    Hello | Heartbeat | Stats | FrameHeader | EventHeader | SnapshotRequest | Ack | FilterUpdate | SnapshotEnd | Error,
+    Field(discriminator="type"),
+]
+_HEADER = TypeAdapter(Header)
+
+
+def encode(header: _Header, payload: bytes = b"") -> list[bytes]:
+    """The multipart frames of one message."""
+    return [PROTOCOL, header.model_dump_json(exclude_none=False).encode(), payload]
+
+
+def decode(frames: list[bytes]) -> tuple[Any, bytes]:
+    """(header, payload) of a message's frames (without the ROUTER's identity); raises ProtocolError."""
+    if len(frames) != 3:
+        raise ProtocolError(f"expected 3 frames (tag, header, payload), got {len(frames)}")
+    tag, raw, payload = frames
+    if tag != PROTOCOL:
+        raise ProtocolError(f"unknown protocol tag {bytes(tag[:16])!r}; expected {PROTOCOL!r}")
+    if len(raw) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header is {len(raw)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise ProtocolError(f"payload is {len(payload)} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit")
+    try:
+        header = _HEADER.validate_python(json.loads(raw))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"header is not JSON: {exc}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "header"
+        raise ProtocolError(f"invalid header: {where}: {first['msg']}") from None
+    return header, payload
