@@ -59,7 +59,11 @@ class MqttConfig(BaseModel):
     port: int = Field(1883, ge=1, le=65535)
     username: str | None = None
     password: str | None = None
-    topic_prefix: str = Field("filterforward", description="events go to <prefix>/<camera>/<filter>/<start|end>")
+    topic_prefix: str = Field(
+        "filterforward",
+        pattern=r"^[^+#\x00/][^+#\x00]*$",
+        description="events go to <prefix>/<camera>/<filter>/<start|end>; plain topic levels, no + or #",
+    )
 
 
 class CloudConfig(BaseModel):

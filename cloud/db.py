@@ -141,6 +141,17 @@ class EventFrame(Base):
     frame_id: Mapped[int] = mapped_column(ForeignKey("frames.id", ondelete="CASCADE"), primary_key=True, index=True)
 
 
+class Received(Base):
+    """The (edge, seq) of every stored frame and event message: the key that makes storing idempotent
+    (one seq space per edge); retention prunes rows older than a week."""
+
+    __tablename__ = "received"
+
+    edge_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+
+
 class Counter(Base):
     """Persistent counters (ingest refusals, retention deletions, ...) for /api/stats and /metrics."""
 

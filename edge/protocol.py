@@ -35,6 +35,7 @@ from models.filterspec import NAME_PATTERN, FilterSpec
 PROTOCOL = b"ff/1"
 TOPIC = b"filters"
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # edge and camera ids (as in the edge config)
+IdName = Annotated[str, Field(pattern=ID_PATTERN)]
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 32 * 1024 * 1024  # a clip of a long event; frames are far smaller
 
@@ -51,7 +52,7 @@ class Hello(_Header):
     type: Literal["hello"] = "hello"
     edge: str = Field(pattern=ID_PATTERN)
     run: str = Field(min_length=1, max_length=64, description="changes each time the edge process starts")
-    cameras: list[str] = Field(default_factory=list)
+    cameras: list[IdName] = Field(default_factory=list)
     filters_version: int = Field(0, ge=0, description="version of the filter set the edge runs")
 
 
@@ -63,7 +64,7 @@ class Heartbeat(_Header):
 class Stats(_Header):
     type: Literal["stats"] = "stats"
     edge: str = Field(pattern=ID_PATTERN)
-    cameras: dict[str, dict[str, float | bool | str]] = Field(default_factory=dict)
+    cameras: dict[IdName, dict[str, float | bool | str]] = Field(default_factory=dict)
     uplink: dict[str, float | bool | str] = Field(default_factory=dict)
 
 

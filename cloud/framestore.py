@@ -1,0 +1,96 @@
+"""Frame and clip payloads on disk: root/{frames,clips}/<edge>/<camera>/<name>, written atomically.
+
+Rows in the database hold the paths relative to the root that `write` returns. Every path that comes
+back in (from a row or, through the REST layer, from a client) goes through `_inside`, which refuses
+absolute paths, `..` parts and symlinks that lead out of the root, so nothing outside the store is
+ever read or deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from models.errors import FilterForwardError
+
+KINDS = ("frames", "clips")
+MAX_PART = 100  # characters per path part; ids are at most 64, event-derived names stay well below
+
+
+def safe_part(text: str) -> str:
+    """A single path part made of [A-Za-z0-9_.-] only that is never '', '.' or '..' (nor a hidden file)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:MAX_PART]
+    if not cleaned or cleaned.startswith("."):
+        cleaned = "_" + cleaned[1:]
+    return cleaned
+
+
+def _shown(relative: str) -> str:
+    return repr(relative[:200])  # repr keeps a hostile path on one line
+
+
+class FrameStore:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, kind: Literal["frames", "clips"], edge: str, camera: str, name: str, data: bytes) -> str:
+        """Store `data` (replacing a file of the same name atomically); returns its path relative to the root."""
+        if kind not in KINDS:
+            raise FilterForwardError(f"unknown payload kind {kind!r}: use one of {', '.join(KINDS)}")
+        relative = PurePosixPath(kind, safe_part(edge), safe_part(camera), safe_part(name))
+        target = self.root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())  # the edge forgets the message once we ack it: the bytes must be on disk
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return str(relative)
+
+    def open_path(self, relative: str) -> Path:
+        """The absolute path of a stored file; FilterForwardError if `relative` leads outside the store or is gone."""
+        path = self._inside(relative)
+        if not path.is_file():
+            raise FilterForwardError(
+                f"no stored file at {_shown(relative)}: it was deleted by retention or never stored"
+            )
+        return path
+
+    def delete(self, relative: str) -> int:
+        """Remove a stored file; returns the bytes freed (0 if it was already gone)."""
+        path = self._inside(relative)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            return 0
+        return size
+
+    def total_bytes(self) -> int:
+        return sum(
+            (Path(folder) / name).stat().st_size
+            for folder, _dirs, names in os.walk(self.root)
+            for name in names
+            if not name.startswith(".tmp-")
+        )
+
+    def _inside(self, relative: str) -> Path:
+        """`relative` resolved under the root, or FilterForwardError if it is not a plain path inside it."""
+        pure = PurePosixPath(relative.replace("\\", "/"))
+        if not relative or "\x00" in relative or pure.is_absolute() or ".." in pure.parts or ":" in relative:
+            raise FilterForwardError(
+                f"refused path {_shown(relative)}: use a relative path inside the frame store, without '..'"
+            )
+        path = (self.root / pure).resolve()
+        if not path.is_relative_to(self.root):
+            raise FilterForwardError(f"refused path {_shown(relative)}: it leads outside the frame store")
+        return path

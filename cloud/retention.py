@@ -1,0 +1,144 @@
+"""Retention: delete the oldest stored payloads (frame rows with their files, event clips) by age, then by size.
+
+Frames age by when the cloud received them, clips by when their event ended. Rows go first (one
+transaction per batch), then their files, so no row ever points at a file deleted before it; a file
+already missing is fine. An ended event that lost its last frame and its clip here is deleted as well.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from sqlalchemy import ColumnElement, delete, exists, func, select, true, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from cloud.db import Event, EventFrame, Received, StoredFrame, utcnow
+from cloud.framestore import FrameStore
+from cloud.storage import add_counter, as_utc, transact
+
+log = logging.getLogger(__name__)
+
+BATCH = 500
+EVERY = true()  # the condition every row meets
+# An edge resends a message only until the cloud acks it, so its (edge, seq) key is needed for duplicates a
+# few outages long at most; older keys are pruned so the table does not grow for ever.
+RECEIVED_KEEP = timedelta(days=7)
+FRAMES, CLIPS, EVENTS, BYTES = (
+    "retention_frames_deleted",
+    "retention_clips_deleted",
+    "retention_events_deleted",
+    "retention_bytes_deleted",
+)
+
+
+@dataclass(frozen=True)
+class _Payload:
+    kind: Literal["frame", "clip"]
+    id: int  # frame id, or the clip's event id
+    path: str | None
+    size: int
+    at: datetime
+
+
+def sweep(
+    sessions: sessionmaker, store: FrameStore, max_age_days: float | None, max_bytes: int | None
+) -> dict[str, int]:
+    """One retention pass; returns (and adds to the persistent counters) what it deleted."""
+    tally = dict.fromkeys((FRAMES, CLIPS, EVENTS, BYTES), 0)
+    if max_age_days is not None:
+        cutoff = utcnow() - timedelta(days=max_age_days)
+        while batch := _oldest(sessions, StoredFrame.received_at < cutoff, Event.ended_at < cutoff):
+            _delete(sessions, store, batch, tally)
+    if max_bytes is not None:
+        while (excess := _stored_bytes(sessions) - max_bytes) > 0 and (batch := _covering(_oldest(sessions), excess)):
+            _delete(sessions, store, batch, tally)
+    with sessions.begin() as session:
+        session.execute(delete(Received).where(Received.received_at < utcnow() - RECEIVED_KEEP))
+    if any(tally.values()):
+        transact(sessions, lambda session: _count(session, tally))
+        log.info(
+            "retention deleted %d frames, %d clips, %d events (%d bytes): limits %s days, %s bytes",
+            tally[FRAMES],
+            tally[CLIPS],
+            tally[EVENTS],
+            tally[BYTES],
+            max_age_days,
+            max_bytes,
+        )
+    return tally
+
+
+def _oldest(
+    sessions: sessionmaker,
+    frames_where: ColumnElement[bool] = EVERY,
+    clips_where: ColumnElement[bool] = EVERY,
+) -> list[_Payload]:
+    """Up to BATCH frames and BATCH clips matching the conditions, oldest first."""
+    with sessions() as session:
+        frames = session.execute(
+            select(StoredFrame.id, StoredFrame.path, StoredFrame.size, StoredFrame.received_at)
+            .where(frames_where)
+            .order_by(StoredFrame.received_at, StoredFrame.id)
+            .limit(BATCH)
+        )
+        clips = session.execute(
+            select(Event.id, Event.clip_path, Event.clip_size, Event.ended_at)
+            .where(Event.clip_path.is_not(None), clips_where)
+            .order_by(Event.ended_at, Event.id)
+            .limit(BATCH)
+        )
+        payloads = [_Payload("frame", *row[:3], as_utc(row[3])) for row in frames]
+        payloads += [_Payload("clip", *row[:3], as_utc(row[3])) for row in clips]
+    return sorted(payloads, key=lambda payload: payload.at)
+
+
+def _covering(payloads: list[_Payload], excess: int) -> list[_Payload]:
+    """The oldest payloads whose sizes add up to at least `excess` bytes (all of them if they fall short)."""
+    chosen, freed = [], 0
+    for payload in payloads:
+        if freed >= excess:
+            break
+        chosen.append(payload)
+        freed += payload.size
+    return chosen
+
+
+def _stored_bytes(sessions: sessionmaker) -> int:
+    with sessions() as session:
+        frames = session.scalar(select(func.coalesce(func.sum(StoredFrame.size), 0)))
+        clips = session.scalar(select(func.coalesce(func.sum(Event.clip_size), 0)).where(Event.clip_path.is_not(None)))
+    return int(frames) + int(clips)
+
+
+def _delete(sessions: sessionmaker, store: FrameStore, payloads: list[_Payload], tally: dict[str, int]) -> None:
+    frame_ids = [payload.id for payload in payloads if payload.kind == "frame"]
+    clip_ids = [payload.id for payload in payloads if payload.kind == "clip"]
+    with sessions.begin() as session:
+        touched = set(session.scalars(select(EventFrame.event_uid).where(EventFrame.frame_id.in_(frame_ids))))
+        touched.update(session.scalars(select(Event.uid).where(Event.id.in_(clip_ids))))
+        session.execute(delete(StoredFrame).where(StoredFrame.id.in_(frame_ids)))  # event_frames rows cascade
+        session.execute(update(Event).where(Event.id.in_(clip_ids)).values(clip_path=None, clip_size=0))
+        tally[EVENTS] += _delete_emptied_events(session, touched)
+    tally[FRAMES] += len(frame_ids)
+    tally[CLIPS] += len(clip_ids)
+    tally[BYTES] += sum(store.delete(payload.path) for payload in payloads if payload.path)
+
+
+def _count(session: Session, tally: dict[str, int]) -> None:
+    for name, n in tally.items():
+        if n:
+            add_counter(session, name, n)
+
+
+def _delete_emptied_events(session: Session, uids: set[str]) -> int:
+    """Deletes the ended events among `uids` that have no frame and no clip left; returns how many."""
+    emptied = delete(Event).where(
+        Event.uid.in_(uids),
+        Event.ended_at.is_not(None),
+        Event.clip_path.is_(None),
+        ~exists().where(EventFrame.event_uid == Event.uid),
+    )
+    return session.execute(emptied).rowcount

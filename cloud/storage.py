@@ -1,0 +1,318 @@
+"""The ingest's write path: frames and events into the database, their payloads into the FrameStore.
+
+Each frame or event message is stored once per (edge, seq), one seq space per edge: the transaction that
+stores it also inserts its `Received` row, so a duplicate (even one racing the first) fails on that
+primary key and stores nothing. A payload file is written before its row commits, under a name derived
+from (run, seq): a resend rewrites the same bytes to the same file, and a message that turns out to be a
+duplicate removes its file only if no stored row uses it.
+
+Notifications: an event's start is due once the event is known (start message, or an end that came
+first: it carries the start too) and one of its frames or its clip is stored; its end once the end is
+stored and the start went out (both in one list, start first, when they become due together). A
+notification handed out stays pending until `mark_notified` records it, so it goes out once; `due()`
+hands out again what a restart left unmarked.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy import ColumnElement, exists, not_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from cloud.db import Camera, Counter, Edge, Event, EventFrame, Received, StoredFrame, utcnow
+from cloud.framestore import FrameStore
+from edge.protocol import EventHeader, FrameHeader, Hello, Stats
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Phase = Literal["start", "end"]
+TRIES = 3  # a transaction that lost an insert race runs again; the second try finds the winner's row
+
+
+@dataclass(frozen=True)
+class Notification:
+    phase: Phase
+    event: dict[str, Any]  # id, uid, edge, camera, filter, frames, times, peak_score, url, frame_url
+
+
+class _Duplicate(Exception):
+    """The message's (edge, seq) is stored already."""
+
+
+def transact(sessions: sessionmaker, work: Callable[[Session], T]) -> T:
+    """work(session) in one transaction, run again when a concurrent insert of the same key got in first."""
+    for _ in range(TRIES - 1):
+        try:
+            with sessions.begin() as session:
+                return work(session)
+        except IntegrityError:
+            log.debug("a concurrent insert of the same key won; trying again")
+    with sessions.begin() as session:
+        return work(session)
+
+
+def add_counter(session: Session, name: str, n: int) -> None:
+    """Adds n to a persistent counter; UPDATE first, so concurrent adds are never lost."""
+    if session.execute(update(Counter).where(Counter.name == name).values(value=Counter.value + n)).rowcount == 0:
+        session.add(Counter(name=name, value=n))
+        session.flush()
+
+
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands datetimes back without their zone; every stored one is UTC."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _wall(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, UTC)
+
+
+def _claim(session: Session, edge: str, seq: int) -> None:
+    session.add(Received(edge_id=edge, seq=seq))
+    try:
+        session.flush()
+    except IntegrityError:
+        raise _Duplicate from None
+
+
+def _get_or_add(session: Session, model: type[T], key: object, **fields: Any) -> T:
+    row = session.get(model, key)
+    if row is None:
+        row = model(**fields)
+        session.add(row)
+        session.flush()  # cameras reference their edge: the edge row must exist first
+    return row
+
+
+def _merge_event(event: Event, header: EventHeader, clip: str | None, clip_size: int) -> None:
+    """Merges a start or end message into the event row; resends may bring them in either order."""
+    info, at = header.event, _wall(header.wall_time)
+    event.peak_score = max(event.peak_score, info.peak_score)
+    if header.phase == "start":
+        event.start_frame, event.start_time, event.started_at = info.start_frame, info.start_time, at
+        return
+    if event.started_at is None:  # end before start: estimate the start's wall clock until the start arrives
+        duration = max(0.0, (info.end_time or info.start_time) - info.start_time)
+        event.start_frame, event.start_time, event.started_at = (
+            info.start_frame,
+            info.start_time,
+            at - timedelta(seconds=duration),
+        )
+    event.end_frame, event.end_time, event.ended_at = info.end_frame, info.end_time, at
+    if clip is not None:
+        event.clip_path, event.clip_size = clip, clip_size
+
+
+class Storage:
+    """Thread-safe: each call runs in its own session. `counts`: messages stored and duplicates seen (this process)."""
+
+    def __init__(self, sessions: sessionmaker, store: FrameStore, base_url: str) -> None:
+        self._sessions = sessions
+        self._store = store
+        self._base_url = base_url.rstrip("/")
+        self._lock = threading.Lock()  # guards _pending and counts
+        self._pending: set[tuple[int, Phase]] = set()  # (event id, phase) handed out, not yet marked notified
+        self.counts = {"stored": 0, "duplicates": 0}
+
+    def store_frame(self, edge: str, header: FrameHeader, payload: bytes) -> list[Notification]:
+        """Stores a matched frame and links it to its events; [] for a duplicate. Returns the notifications due."""
+        if self._seen(edge, header.seq):
+            return []
+        path = None
+        if header.payload == "jpeg" and payload:
+            path = self._store.write("frames", edge, header.camera, f"{header.run}-{header.seq}.jpg", payload)
+        uids = sorted({f"{edge}/{header.run}/{event}" for event in header.events})
+
+        def work(session: Session) -> None:
+            _claim(session, edge, header.seq)
+            frame = StoredFrame(
+                edge_id=edge,
+                seq=header.seq,
+                run=header.run,
+                camera=header.camera,
+                frame_index=header.frame,
+                stream_time=header.timestamp,
+                captured_at=_wall(header.wall_time),
+                scores=dict(header.scores),
+                path=path,
+                size=len(payload) if path else 0,
+            )
+            session.add(frame)
+            session.flush()
+            session.add_all(EventFrame(event_uid=uid, frame_id=frame.id) for uid in uids)
+
+        if not self._stored(work, path) or not uids:
+            return []
+        return self._due_where(Event.uid.in_(uids))
+
+    def store_event(self, edge: str, header: EventHeader, payload: bytes) -> list[Notification]:
+        """Stores an event start or end (an end's MP4 clip into the frame store); [] for a duplicate."""
+        if self._seen(edge, header.seq):
+            return []
+        info = header.event
+        uid = f"{edge}/{header.run}/{info.id}"
+        clip = None
+        if header.phase == "end" and header.payload == "mp4" and payload:
+            clip = self._store.write("clips", edge, info.camera, f"{header.run}-{header.seq}.mp4", payload)
+
+        def work(session: Session) -> None:
+            _claim(session, edge, header.seq)
+            event = session.scalar(select(Event).where(Event.uid == uid))
+            if event is None:
+                event = Event(
+                    uid=uid,
+                    edge_id=edge,
+                    run=header.run,
+                    filter=info.filter,
+                    camera=info.camera,
+                    peak_score=info.peak_score,
+                )
+                session.add(event)
+            _merge_event(event, header, clip, len(payload))
+
+        if not self._stored(work, clip):
+            return []
+        return self._due_where(Event.uid == uid)
+
+    def mark_notified(self, notification: Notification) -> None:
+        """Records that a notification went out, so it is never handed out again (restarts included)."""
+        event_id, phase = notification.event["id"], notification.phase
+        with self._sessions.begin() as session:
+            session.execute(update(Event).where(Event.id == event_id).values({f"{phase}_notified": True}))
+        with self._lock:
+            self._pending.discard((event_id, phase))
+
+    def due(self) -> list[Notification]:
+        """Every notification due and never marked sent (a restart cut in between storing and sending)."""
+        return self._due_where(not_(Event.start_notified) | (Event.ended_at.is_not(None) & not_(Event.end_notified)))
+
+    def edge_hello(self, edge: str, hello: Hello, public_key: str | None) -> None:
+        """Records an edge's (re)start: its run, filter version, key and camera list (cameras it dropped go)."""
+
+        def work(session: Session) -> None:
+            now = utcnow()
+            row = _get_or_add(session, Edge, edge, id=edge)
+            row.run, row.filters_version, row.last_seen = hello.run, hello.filters_version, now
+            if public_key is not None:
+                row.public_key = public_key
+            for camera in session.scalars(select(Camera).where(Camera.edge_id == edge)):
+                if camera.name not in hello.cameras:
+                    session.delete(camera)
+            for name in hello.cameras:
+                _get_or_add(session, Camera, (edge, name), edge_id=edge, name=name).last_seen = now
+
+        transact(self._sessions, work)
+
+    def edge_seen(self, edge: str) -> None:
+        def work(session: Session) -> None:
+            _get_or_add(session, Edge, edge, id=edge).last_seen = utcnow()
+
+        transact(self._sessions, work)
+
+    def edge_stats(self, edge: str, stats: Stats) -> None:
+        """Keeps the edge's uplink stats and each camera's stats (REST /api/edges and /api/cameras show them)."""
+
+        def work(session: Session) -> None:
+            now = utcnow()
+            row = _get_or_add(session, Edge, edge, id=edge)
+            row.stats, row.last_seen = dict(stats.uplink), now
+            for name, values in stats.cameras.items():
+                camera = _get_or_add(session, Camera, (edge, name), edge_id=edge, name=name)
+                camera.stats, camera.last_seen = dict(values), now
+
+        transact(self._sessions, work)
+
+    def count(self, name: str, n: int = 1) -> None:
+        transact(self._sessions, lambda session: add_counter(session, name, n))
+
+    def _seen(self, edge: str, seq: int) -> bool:
+        """A cheap early answer for resends; the Received key in the storing transaction is what decides."""
+        with self._sessions() as session:
+            seen = session.get(Received, (edge, seq)) is not None
+        if seen:
+            self._tally("duplicates")
+        return seen
+
+    def _stored(self, work: Callable[[Session], None], path: str | None) -> bool:
+        """Runs a storing transaction; False (and its payload file removed unless in use) for a duplicate."""
+        try:
+            transact(self._sessions, work)
+        except _Duplicate:
+            self._tally("duplicates")
+            if path is not None and not self._in_use(path):
+                self._store.delete(path)
+            return False
+        self._tally("stored")
+        return True
+
+    def _in_use(self, path: str) -> bool:
+        with self._sessions() as session:
+            return bool(
+                session.scalar(select(exists().where(StoredFrame.path == path)))
+                or session.scalar(select(exists().where(Event.clip_path == path)))
+            )
+
+    def _tally(self, name: str) -> None:
+        with self._lock:
+            self.counts[name] += 1
+
+    def _due_where(self, condition: ColumnElement[bool]) -> list[Notification]:
+        with self._lock, self._sessions() as session:
+            events = session.scalars(select(Event).where(condition).order_by(Event.id)).all()
+            return [notification for event in events for notification in self._due_for(session, event)]
+
+    def _due_for(self, session: Session, event: Event) -> list[Notification]:
+        """One event's notifications due now (lock held); marks them pending."""
+        phases: list[Phase] = []
+        start_out = event.start_notified or (event.id, "start") in self._pending
+        has_payload = event.clip_path is not None or session.scalar(
+            select(exists().where(EventFrame.event_uid == event.uid))
+        )
+        if not start_out and has_payload:
+            phases.append("start")
+            start_out = True
+        if (
+            start_out
+            and event.ended_at is not None
+            and not event.end_notified
+            and (event.id, "end") not in self._pending
+        ):
+            phases.append("end")
+        self._pending.update((event.id, phase) for phase in phases)
+        return [Notification(phase, self._payload(session, event)) for phase in phases]
+
+    def _payload(self, session: Session, event: Event) -> dict[str, Any]:
+        url = f"{self._base_url}/api/events/{event.id}"
+        first_jpeg = session.scalar(
+            select(StoredFrame.id)
+            .join(EventFrame, EventFrame.frame_id == StoredFrame.id)
+            .where(EventFrame.event_uid == event.uid, StoredFrame.path.is_not(None))
+            .order_by(StoredFrame.frame_index, StoredFrame.id)
+            .limit(1)
+        )
+        return {
+            "id": event.id,
+            "uid": event.uid,
+            "edge": event.edge_id,
+            "camera": event.camera,
+            "filter": event.filter,
+            "start_frame": event.start_frame,
+            "end_frame": event.end_frame,
+            "start_time": event.start_time,
+            "end_time": event.end_time,
+            "peak_score": event.peak_score,
+            "started_at": as_utc(event.started_at).isoformat(),
+            "ended_at": as_utc(event.ended_at).isoformat() if event.ended_at else None,
+            "url": url,
+            "frame_url": f"{self._base_url}/api/frames/{first_jpeg}.jpg"
+            if first_jpeg is not None
+            else f"{url}/clip.mp4",
+        }
