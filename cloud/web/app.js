@@ -1,0 +1,625 @@
+"use strict";
+// FilterForward operator page: plain JS against the cloud's REST API (no build step, no dependencies).
+// Every API call carries the bearer token from localStorage; images and clips are fetched the same way and
+// shown through blob URLs, because <img> and <video> cannot send an Authorization header.
+
+const TOKEN_KEY = "filterforward.token";
+const POLL_MS = 2000;
+const PAGE_SIZE = 50;
+const MAX_CATCH_UP_PAGES = 5; // pages one poll follows when more than a page of events arrived since the last
+
+const byId = (id) => document.getElementById(id);
+
+class ApiError extends Error {
+  constructor(status, detail) {
+    super(detail);
+    this.status = status;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------- API
+
+function storedToken() {
+  return localStorage.getItem(TOKEN_KEY) || "";
+}
+
+/** Same-origin path of a URL the server returned (its public_url may name a host this page cannot reach). */
+function localPath(url) {
+  const parsed = new URL(url, location.href);
+  return parsed.pathname + parsed.search;
+}
+
+async function api(path, { method = "GET", body, as = "json" } = {}) {
+  let response;
+  try {
+    response = await fetch(localPath(path), { method, body, headers: { Authorization: `Bearer ${storedToken()}` } });
+  } catch (err) {
+    setConnection(false);
+    throw new ApiError(0, `cannot reach the server (${err.message}); check that filterforward cloud serve is running`);
+  }
+  setConnection(true);
+  if (!response.ok) throw new ApiError(response.status, await errorDetail(response));
+  if (as === "blob") return response.blob();
+  return response.status === 204 ? null : response.json();
+}
+
+/** The server's one-line `detail`, or a readable stand-in when the body is not the usual JSON error. */
+async function errorDetail(response) {
+  const fallback = `HTTP ${response.status} ${response.statusText}`.trim();
+  let body;
+  try {
+    body = await response.json();
+  } catch {
+    return fallback;
+  }
+  const detail = body && body.detail;
+  if (typeof detail === "string") return detail;
+  if (Array.isArray(detail)) return detail.map((d) => `${(d.loc || []).join(".")}: ${d.msg}`).join("; ");
+  return fallback;
+}
+
+const isAuthError = (err) => err instanceof ApiError && (err.status === 401 || err.status === 403);
+
+// ------------------------------------------------------------------------------------------- formatting
+
+/** Server times are UTC; a timestamp without an offset (as SQLite may return it) is read as UTC too. */
+function parseTime(iso) {
+  if (!iso) return NaN;
+  return Date.parse(/[zZ]|[+-]\d\d:?\d\d$/.test(iso) ? iso : `${iso}Z`);
+}
+
+const fmt = {
+  number: (value, digits = 1) => (typeof value === "number" && Number.isFinite(value) ? value.toFixed(digits) : "–"),
+  count: (value) => (typeof value === "number" && Number.isFinite(value) ? Math.round(value).toLocaleString() : "–"),
+  bytes(value) {
+    if (typeof value !== "number" || !Number.isFinite(value)) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let size = value;
+    let unit = 0;
+    while (size >= 1024 && unit < units.length - 1) {
+      size /= 1024;
+      unit += 1;
+    }
+    return `${size.toFixed(unit === 0 ? 0 : 1)} ${units[unit]}`;
+  },
+  time(iso) {
+    const ms = parseTime(iso);
+    return Number.isFinite(ms) ? new Date(ms).toLocaleString() : "–";
+  },
+  age(iso) {
+    const ms = parseTime(iso);
+    if (!Number.isFinite(ms)) return "never";
+    const seconds = Math.max(0, Math.round((Date.now() - ms) / 1000));
+    if (seconds < 60) return `${seconds} s ago`;
+    if (seconds < 3600) return `${Math.floor(seconds / 60)} min ago`;
+    if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ago`;
+    return new Date(ms).toLocaleString();
+  },
+  seconds: (value) => (typeof value === "number" ? `${value.toFixed(1)} s` : "…"),
+};
+
+// ---------------------------------------------------------------------------------------------- DOM helpers
+
+/** An element with attributes and children; strings become text nodes, so server data is never parsed as HTML. */
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value !== undefined && value !== null) node.setAttribute(key, value);
+  }
+  node.append(...children.filter((child) => child !== null && child !== undefined));
+  return node;
+}
+
+function setStatus(id, text, isError = false) {
+  const node = byId(id);
+  node.textContent = text;
+  node.classList.toggle("error", isError);
+  node.classList.toggle("ok", !isError && text !== "");
+}
+
+function setConnection(ok) {
+  const node = byId("connection");
+  node.textContent = ok ? "Connected" : "Server unreachable";
+  node.classList.toggle("live", ok);
+  node.classList.toggle("down", !ok);
+}
+
+function showAuthError(text) {
+  const banner = byId("auth-error");
+  banner.textContent = text || "";
+  banner.hidden = !text;
+}
+
+function emptyRow(columns, text) {
+  return el("tr", {}, el("td", { colspan: columns, class: "empty" }, text));
+}
+
+function onlineDot(online) {
+  return el("span", { class: online ? "dot online" : "dot", role: "img", "aria-label": online ? "online" : "offline" });
+}
+
+function numCell(field, text) {
+  return el("td", { class: "num", "data-field": field }, text);
+}
+
+function setOptions(datalist, values) {
+  const unique = [...new Set(values)].sort();
+  if (unique.join("\n") === datalist.dataset.values) return; // an open suggestion list is left alone
+  datalist.dataset.values = unique.join("\n");
+  datalist.replaceChildren(...unique.map((value) => el("option", { value })));
+}
+
+// ------------------------------------------------------------------------------------------------- filters
+
+let filtersSignature = ""; // the table is rebuilt only when the list changed, so focus and clicks survive polls
+
+async function refreshFilters() {
+  const filters = await api("/api/filters");
+  const signature = JSON.stringify(filters);
+  if (signature === filtersSignature) return;
+  filtersSignature = signature;
+  const rows = filters.map(filterRow);
+  byId("filters-body").replaceChildren(...(rows.length ? rows : [emptyRow(9, "No filters registered yet.")]));
+  setOptions(byId("filter-names"), filters.map((filter) => filter.name));
+}
+
+function filterRow(filter) {
+  const spec = filter.spec;
+  const smoothing = spec.smoothing || {};
+  const encoding = spec.encoding || {};
+  const roi = spec.roi || {};
+  const [width, height] = spec.input_size || [];
+  const remove = el(
+    "button",
+    { type: "button", class: "danger", "aria-label": `Delete filter ${filter.name}`, "data-testid": "filter-delete" },
+    "Delete",
+  );
+  remove.addEventListener("click", () => deleteFilter(filter.name, remove));
+  return el(
+    "tr",
+    { "data-testid": "filter-row", "data-name": filter.name },
+    el("td", { "data-field": "name", title: spec.event ? `event: ${spec.event}` : null }, el("strong", {}, filter.name)),
+    el("td", { "data-field": "architecture" }, spec.architecture),
+    el(
+      "td",
+      { "data-field": "tap", title: `ROI (${roi.x0}, ${roi.y0}) – (${roi.x1}, ${roi.y1}), window ${spec.window}` },
+      `${spec.tap} @ ${width}×${height}`,
+    ),
+    el("td", { "data-field": "cameras" }, (spec.cameras || []).join(", ")),
+    el("td", { "data-field": "threshold" }, `${smoothing.threshold} · ${smoothing.k}/${smoothing.n}`),
+    el("td", { "data-field": "encoding" }, encoding.kind === "clip" ? "MP4 clip" : `JPEG q${encoding.jpeg_quality}`),
+    numCell("version", String(spec.version)),
+    numCell("revision", String(filter.revision)),
+    el("td", {}, remove),
+  );
+}
+
+async function deleteFilter(name, button) {
+  if (!confirm(`Delete filter "${name}"? Edges stop running it within a second.`)) return;
+  button.disabled = true;
+  try {
+    await api(`/api/filters/${encodeURIComponent(name)}`, { method: "DELETE" });
+    setStatus("filters-status", `Deleted ${name}.`);
+    await refreshFilters();
+  } catch (err) {
+    setStatus("filters-status", `Could not delete ${name}: ${err.message}`, true);
+    button.disabled = false;
+  }
+}
+
+/** The FilterSpec JSON (models/filterspec.py) from the form; the server validates it strictly. */
+function specFromForm(form) {
+  const text = (name) => form.elements[name].value.trim();
+  const number = (name) => Number(text(name));
+  const cameras = text("cameras")
+    .split(",")
+    .map((camera) => camera.trim())
+    .filter(Boolean);
+  return {
+    name: text("name"),
+    event: text("event"),
+    cameras: cameras.length ? cameras : ["*"],
+    architecture: text("architecture"),
+    tap: text("tap"),
+    roi: { x0: number("x0"), y0: number("y0"), x1: number("x1"), y1: number("y1") },
+    input_size: [number("width"), number("height")],
+    smoothing: { threshold: number("threshold"), k: number("k"), n: number("n") },
+    window: number("window"),
+    encoding: { kind: text("encoding"), jpeg_quality: number("jpeg_quality") },
+  };
+}
+
+function setFormMessage(text, isError) {
+  const node = byId("filter-form-message");
+  node.textContent = text;
+  node.classList.toggle("error", isError);
+  node.classList.toggle("ok", !isError);
+  node.setAttribute("role", isError ? "alert" : "status");
+}
+
+async function registerFilter(event) {
+  event.preventDefault();
+  const form = event.currentTarget;
+  const submit = form.querySelector("[type=submit]");
+  const body = new FormData();
+  body.append("spec", JSON.stringify(specFromForm(form)));
+  body.append("model", form.elements.model.files[0]);
+  submit.disabled = true;
+  setFormMessage("Uploading and checking the model…", false);
+  try {
+    const created = await api("/api/filters", { method: "POST", body });
+    setFormMessage(`Registered ${created.name} (revision ${created.revision}, ${fmt.bytes(created.model_bytes)}).`, false);
+    form.elements.name.value = "";
+    form.elements.model.value = "";
+    await refreshFilters();
+  } catch (err) {
+    setFormMessage(`Not registered: ${err.message}`, true);
+  } finally {
+    submit.disabled = false;
+  }
+}
+
+// ------------------------------------------------------------------------------------- edges and cameras
+
+async function refreshEdges() {
+  const [edges, cameras] = await Promise.all([api("/api/edges"), api("/api/cameras")]);
+  const edgeRows = edges.map(edgeRow);
+  const cameraRows = cameras.map(cameraRow);
+  byId("edges-body").replaceChildren(...(edgeRows.length ? edgeRows : [emptyRow(9, "No edge has connected yet.")]));
+  byId("cameras-body").replaceChildren(...(cameraRows.length ? cameraRows : [emptyRow(10, "No cameras reported.")]));
+  setOptions(byId("camera-names"), cameras.map((camera) => camera.name));
+}
+
+function edgeRow(edge) {
+  const stats = edge.stats || {};
+  const uplink = stats.connected === undefined ? "–" : stats.connected ? "connected" : "cloud unreachable";
+  return el(
+    "tr",
+    { "data-testid": "edge-row", "data-edge": edge.id },
+    el("th", { scope: "row" }, onlineDot(edge.online), edge.id),
+    el("td", { "data-field": "last_seen", title: fmt.time(edge.last_seen) }, fmt.age(edge.last_seen)),
+    el("td", { "data-field": "connected" }, uplink),
+    numCell("filters_version", fmt.count(edge.filters_version)),
+    numCell("spool_messages", fmt.count(stats.spool_messages)),
+    numCell("spool_bytes", fmt.bytes(stats.spool_bytes)),
+    numCell("spool_dropped", fmt.count(stats.spool_dropped)),
+    numCell("in_flight", fmt.count(stats.in_flight)),
+    numCell("sent_bytes", fmt.bytes(stats.sent_bytes)),
+  );
+}
+
+function cameraRow(camera) {
+  const stats = camera.stats || {};
+  return el(
+    "tr",
+    { "data-testid": "camera-row", "data-camera": camera.name, "data-edge": camera.edge },
+    el("th", { scope: "row" }, onlineDot(camera.online), camera.name),
+    el("td", { "data-field": "edge" }, camera.edge),
+    el("td", { "data-field": "last_seen", title: fmt.time(camera.last_seen) }, fmt.age(camera.last_seen)),
+    numCell("fps", fmt.number(stats.fps, 1)),
+    numCell("base_ms", fmt.number(stats.base_ms, 1)),
+    numCell("mc_ms", fmt.number(stats.mc_ms, 2)),
+    numCell("frames", fmt.count(stats.frames)),
+    numCell("matched", fmt.count(stats.matched)),
+    numCell("dropped", fmt.count(stats.dropped)),
+    numCell("bytes_out", fmt.bytes(stats.bytes_out)),
+  );
+}
+
+const OVERVIEW = [
+  ["filters", "filters", fmt.count],
+  ["edges_online", "edges online", fmt.count],
+  ["cameras", "cameras", fmt.count],
+  ["events", "events", fmt.count],
+  ["frames", "stored frames", fmt.count],
+  ["stored_bytes", "stored", fmt.bytes],
+];
+
+async function refreshOverview() {
+  const stats = await api("/api/stats");
+  byId("stats-strip").replaceChildren(
+    ...OVERVIEW.map(([key, label, format]) =>
+      el("div", { "data-field": key }, el("dt", {}, label), el("dd", {}, format(stats[key]))),
+    ),
+  );
+}
+
+// ------------------------------------------------------------------------------------------- event gallery
+
+const gallery = {
+  entries: new Map(), // event id -> { card, event, fields, badge, thumbBox, thumb: "none"|"loading"|"done"|"failed", blobUrl }
+  query: "", // camera/filter query string of the events shown
+  generation: 0, // bumped on every reset, so answers that belong to an older query are dropped
+  loaded: false,
+  olderCursor: null,
+};
+
+const CARD_FIELDS = [
+  ["camera", "Camera", (e) => e.camera],
+  ["edge", "Edge", (e) => e.edge],
+  ["started", "Started", (e) => fmt.time(e.started_at)],
+  ["ended", "Ended", (e) => (e.ended_at ? fmt.time(e.ended_at) : "—")],
+  ["stream", "Stream", (e) => `${fmt.seconds(e.start_time)} – ${fmt.seconds(e.end_time)}`],
+  ["peak", "Peak score", (e) => fmt.number(e.peak_score, 3)],
+  ["frames", "Frames", (e) => fmt.count(e.frames)],
+];
+
+function eventsPath(cursor) {
+  const params = new URLSearchParams(gallery.query);
+  params.set("limit", String(PAGE_SIZE));
+  if (cursor) params.set("cursor", cursor);
+  return `/api/events?${params}`;
+}
+
+async function refreshEvents() {
+  const generation = gallery.generation;
+  let page = await api(eventsPath(null));
+  const items = [...page.items];
+  // A burst bigger than one page: follow the cursor until the page reaches events already shown.
+  for (let pages = 1; gallery.loaded && page.next_cursor && pages < MAX_CATCH_UP_PAGES; pages += 1) {
+    if (page.items.some((event) => gallery.entries.has(event.id))) break;
+    page = await api(eventsPath(page.next_cursor));
+    items.push(...page.items);
+  }
+  if (generation !== gallery.generation) return;
+  if (!gallery.loaded) {
+    gallery.olderCursor = page.next_cursor;
+    byId("events-older").hidden = !page.next_cursor;
+  }
+  for (const event of items) upsertEvent(event, gallery.loaded);
+  gallery.loaded = true;
+  setStatus("events-status", gallery.entries.size ? "" : "No events yet; they appear here as edges report them.");
+}
+
+async function loadOlderEvents() {
+  const button = byId("events-older");
+  const generation = gallery.generation;
+  button.disabled = true;
+  try {
+    const page = await api(eventsPath(gallery.olderCursor));
+    if (generation !== gallery.generation) return;
+    for (const event of page.items) upsertEvent(event, false);
+    gallery.olderCursor = page.next_cursor;
+    button.hidden = !page.next_cursor;
+  } catch (err) {
+    setStatus("events-status", `Could not load older events: ${err.message}`, true);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+function upsertEvent(event, isNew) {
+  let entry = gallery.entries.get(event.id);
+  if (!entry) {
+    entry = createCard(event);
+    gallery.entries.set(event.id, entry);
+    insertSorted(entry.card, event);
+    if (isNew) entry.card.classList.add("fresh");
+  }
+  entry.event = event;
+  fillCard(entry);
+  loadThumbnail(entry);
+}
+
+/** Newest first by start time then id: a late arrival (an edge resending after an outage) lands in its place. */
+function insertSorted(card, event) {
+  const key = [parseTime(event.started_at), event.id];
+  const before = [...byId("gallery").children].find((other) => {
+    const otherKey = [Number(other.dataset.started), Number(other.dataset.eventId)];
+    return otherKey[0] < key[0] || (otherKey[0] === key[0] && otherKey[1] < key[1]);
+  });
+  card.dataset.started = String(key[0]);
+  byId("gallery").insertBefore(card, before || null);
+}
+
+function createCard(event) {
+  const thumbBox = el("div", { class: "thumb", "data-testid": "event-thumb-box" }, "no image");
+  const badge = el("span", { class: "badge", "data-testid": "event-state" });
+  const fields = new Map();
+  const list = el("dl");
+  for (const [key, label] of CARD_FIELDS) {
+    const value = el("dd", { "data-field": key, "data-testid": `event-${key}` });
+    fields.set(key, value);
+    list.append(el("dt", {}, label), value);
+  }
+  const clip = el("a", { href: localPath(event.clip_url), "data-testid": "event-clip" }, "Play clip");
+  clip.addEventListener("click", (click) => {
+    click.preventDefault();
+    openClip(gallery.entries.get(event.id).event);
+  });
+  const card = el(
+    "article",
+    { class: "event-card", "data-testid": "event-card", "data-event-id": event.id, "aria-label": `Event ${event.id}` },
+    thumbBox,
+    el(
+      "div",
+      { class: "event-body" },
+      el("h3", {}, el("span", { "data-testid": "event-filter" }, event.filter), badge),
+      list,
+      clip,
+    ),
+  );
+  return { card, event, fields, badge, thumbBox, thumb: "none", blobUrl: null };
+}
+
+/** Updates the text of a card in place; its thumbnail is left alone. */
+function fillCard(entry) {
+  const event = entry.event;
+  for (const [key, , format] of CARD_FIELDS) entry.fields.get(key).textContent = format(event);
+  entry.badge.textContent = event.open ? "open" : "ended";
+  entry.badge.className = event.open ? "badge open" : "badge ended";
+}
+
+async function loadThumbnail(entry) {
+  if (entry.thumb !== "none" || !entry.event.thumbnail_url) return;
+  const generation = gallery.generation;
+  entry.thumb = "loading";
+  try {
+    const blob = await api(entry.event.thumbnail_url, { as: "blob" });
+    if (generation !== gallery.generation) return;
+    entry.blobUrl = URL.createObjectURL(blob);
+    const event = entry.event;
+    const image = el("img", {
+      src: entry.blobUrl,
+      alt: `First frame of ${event.filter} on ${event.camera}`,
+      "data-testid": "event-thumb",
+    });
+    entry.thumbBox.replaceChildren(image);
+    entry.thumb = "done";
+  } catch (err) {
+    // A missing image (e.g. removed by retention) stays missing; an outage or auth problem is retried next poll.
+    entry.thumb = err.status === 0 || isAuthError(err) ? "none" : "failed";
+    entry.thumbBox.textContent = "image unavailable";
+    entry.thumbBox.title = err.message;
+  }
+}
+
+function resetGallery() {
+  for (const entry of gallery.entries.values()) if (entry.blobUrl) URL.revokeObjectURL(entry.blobUrl);
+  gallery.entries.clear();
+  gallery.generation += 1;
+  gallery.loaded = false;
+  gallery.olderCursor = null;
+  byId("gallery").replaceChildren();
+  byId("events-older").hidden = true;
+}
+
+function applyEventQuery() {
+  const params = new URLSearchParams();
+  for (const name of ["camera", "filter"]) {
+    const value = byId(`ev-${name}`).value.trim();
+    if (value) params.set(name, value);
+  }
+  const query = params.toString();
+  if (query === gallery.query) return;
+  gallery.query = query;
+  resetGallery();
+  pollNow();
+}
+
+// ----------------------------------------------------------------------------------------------- clip dialog
+
+let clipUrl = null;
+
+async function openClip(event) {
+  const dialog = byId("clip-dialog");
+  const video = byId("clip-video");
+  const message = byId("clip-message");
+  byId("clip-title").textContent = `${event.filter} on ${event.camera}, ${fmt.time(event.started_at)}`;
+  message.textContent = "Loading clip…";
+  video.hidden = true;
+  dialog.showModal();
+  try {
+    const blob = await api(event.clip_url, { as: "blob" });
+    closeClipVideo();
+    clipUrl = URL.createObjectURL(blob);
+    video.src = clipUrl;
+    video.hidden = false;
+    message.textContent = "";
+  } catch (err) {
+    message.textContent = `No clip: ${err.message}`;
+  }
+}
+
+function closeClipVideo() {
+  const video = byId("clip-video");
+  video.pause();
+  video.removeAttribute("src");
+  video.load();
+  if (clipUrl) URL.revokeObjectURL(clipUrl);
+  clipUrl = null;
+}
+
+// ------------------------------------------------------------------------------------------------- polling
+
+const SECTIONS = [
+  ["filters-status", refreshFilters],
+  ["edges-status", refreshEdges],
+  ["edges-status", refreshOverview],
+  ["events-status", refreshEvents],
+];
+
+let pollTimer = null;
+let polling = false;
+let pollAgain = false;
+
+async function pollOnce() {
+  if (!storedToken()) {
+    showAuthError("Enter a bearer token (top right) to see this cloud's filters, edges and events.");
+    return;
+  }
+  const results = await Promise.allSettled(SECTIONS.map(([, refresh]) => refresh()));
+  const errors = new Map(SECTIONS.map(([statusId]) => [statusId, ""]));
+  let authProblem = null;
+  results.forEach((result, index) => {
+    if (result.status === "fulfilled") return;
+    const statusId = SECTIONS[index][0];
+    const err = result.reason;
+    if (isAuthError(err)) {
+      authProblem = authProblem || `${err.status === 401 ? "Not signed in" : "Not allowed"}: ${err.message}`;
+    } else {
+      errors.set(statusId, errors.get(statusId) || err.message);
+    }
+  });
+  for (const [statusId, message] of errors) {
+    if (message) setStatus(statusId, message, true);
+    else if (byId(statusId).classList.contains("error")) setStatus(statusId, "");
+  }
+  showAuthError(authProblem);
+}
+
+/** Runs one poll now (or right after the one in flight), then every POLL_MS; never two at once. */
+async function pollNow() {
+  clearTimeout(pollTimer);
+  if (polling) {
+    pollAgain = true;
+    return;
+  }
+  polling = true;
+  try {
+    await pollOnce();
+  } finally {
+    polling = false;
+    pollTimer = setTimeout(pollNow, pollAgain ? 0 : POLL_MS);
+    pollAgain = false;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ wiring
+
+function debounce(fn, ms) {
+  let timer = null;
+  return () => {
+    clearTimeout(timer);
+    timer = setTimeout(fn, ms);
+  };
+}
+
+function init() {
+  const tokenInput = byId("token-input");
+  tokenInput.value = storedToken();
+  byId("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    localStorage.setItem(TOKEN_KEY, tokenInput.value.trim());
+    filtersSignature = "";
+    pollNow();
+  });
+  byId("token-clear").addEventListener("click", () => {
+    localStorage.removeItem(TOKEN_KEY);
+    tokenInput.value = "";
+    pollNow();
+  });
+  byId("filter-form").addEventListener("submit", registerFilter);
+  const eventFilters = byId("event-filters");
+  eventFilters.addEventListener("input", debounce(applyEventQuery, 300));
+  eventFilters.addEventListener("submit", (event) => {
+    event.preventDefault();
+    applyEventQuery();
+  });
+  eventFilters.addEventListener("reset", () => setTimeout(applyEventQuery, 0)); // values are cleared after the event
+  byId("events-older").addEventListener("click", loadOlderEvents);
+  byId("clip-dialog").addEventListener("close", closeClipVideo);
+  pollNow();
+}
+
+document.addEventListener("DOMContentLoaded", init);

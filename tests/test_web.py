@@ -1,0 +1,252 @@
+"""The operator page in real headless Chromium against a real `filterforward cloud serve` process.
+
+The page registers filters through its form with real exported ONNX models, and shows events that the
+cloud's own storage layer writes into the server's database while the page stays open (no reload).
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import cv2
+import httpx
+import numpy as np
+import pytest
+import yaml
+
+from cloud.config import CloudConfig, load_cloud_config
+from models.filterspec import FilterSpec
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+Page = playwright_api.Page
+expect = playwright_api.expect
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+TOKEN = "web-test-operator-token-0123456789"
+THUMB_SIZE = (64, 48)  # width, height of the test frame
+
+pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM}")
+expect.set_options(timeout=15_000)  # the page polls every 2 s
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(process: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"cloud server exited with {process.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"cloud server did not answer /healthz:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudConfig]:
+    """A real cloud server process on free loopback ports, with a SQLite database in its data_dir."""
+    root = tmp_path_factory.mktemp("cloud")
+    config_path = root / "cloud.yaml"
+    settings = {
+        "data_dir": "data",
+        "host": "127.0.0.1",
+        "port": free_port(),
+        "tokens": [{"name": "operator", "token": TOKEN, "scopes": ["read", "write"]}],
+        "zmq": {"bind": "127.0.0.1", "ingest_port": free_port(), "publish_port": free_port(), "insecure": True},
+    }
+    config_path.write_text(yaml.safe_dump(settings))
+    config = load_cloud_config(config_path)
+    log = root / "cloud.log"
+    with log.open("w") as out:
+        command = [sys.executable, "-m", "filterforward", "cloud", "serve", "--config", str(config_path)]
+        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(process, config.base_url, log)
+        yield config
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with playwright_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser, cloud: CloudConfig) -> Iterator[Page]:
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(cloud.base_url + "/")
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+def sign_in(page: Page, token: str) -> None:
+    page.get_by_label("Bearer token").fill(token)
+    page.get_by_test_id("token-save").click()
+
+
+def fill_filter_form(page: Page, spec: FilterSpec, model: Path) -> None:
+    page.get_by_label("Name", exact=True).fill(spec.name)
+    page.get_by_label("Event label").fill(spec.event)
+    page.get_by_label("Cameras (comma-separated, * for all)").fill(", ".join(spec.cameras))
+    page.get_by_label("Architecture").select_option(spec.architecture)
+    page.get_by_label("Tap").select_option(spec.tap)
+    page.get_by_label("Input width (px)").fill(str(spec.input_size[0]))
+    page.get_by_label("Input height (px)").fill(str(spec.input_size[1]))
+    page.get_by_label("ONNX model").set_input_files(str(model))
+    page.get_by_test_id("filter-submit").click()
+
+
+def api(cloud: CloudConfig, method: str, path: str, **kwargs: object) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    return httpx.request(method, cloud.base_url + path, headers=headers, timeout=30, **kwargs)
+
+
+def test_token_and_filter_registration(
+    page: Page, cloud: CloudConfig, make_filter: Callable[..., tuple[FilterSpec, bytes]], tmp_path: Path
+) -> None:
+    banner = page.get_by_test_id("auth-error")
+    expect(banner).to_contain_text("Enter a bearer token")
+
+    # A wrong token: the server's own 401 detail is shown.
+    wrong = "not-a-valid-token-at-all-000"
+    detail = httpx.get(cloud.base_url + "/api/filters", headers={"Authorization": f"Bearer {wrong}"}).json()["detail"]
+    sign_in(page, wrong)
+    expect(banner).to_contain_text(detail)
+    sign_in(page, TOKEN)
+    expect(banner).to_be_hidden()
+    expect(page.get_by_test_id("filters-table")).to_contain_text("No filters registered yet.")
+
+    spec, onnx = make_filter(
+        "full_frame", "late", (128, 96), name="red-car", event="red_car", cameras=["cam-1", "cam-2"]
+    )
+    model = tmp_path / "red-car.onnx"
+    model.write_bytes(onnx)
+    fill_filter_form(page, spec, model)
+    row = page.locator('[data-testid="filter-row"][data-name="red-car"]')
+    expect(row).to_be_visible()
+    expect(row.locator('[data-field="architecture"]')).to_have_text("full_frame")
+    expect(row.locator('[data-field="tap"]')).to_have_text("late @ 128×96")
+    expect(row.locator('[data-field="cameras"]')).to_have_text("cam-1, cam-2")
+    expect(row.locator('[data-field="threshold"]')).to_have_text("0.5 · 3/5")
+    expect(row.locator('[data-field="encoding"]')).to_have_text("JPEG q80")
+    expect(row.locator('[data-field="version"]')).to_have_text("1")
+    expect(page.get_by_test_id("filter-form-message")).to_contain_text("Registered red-car")
+    stored = api(cloud, "GET", "/api/filters/red-car").json()
+    assert stored["spec"] == spec.model_dump(mode="json")
+
+    # A model exported for 64x64 frames under a spec that says 128x96: refused with the server's detail.
+    _, wrong_onnx = make_filter("full_frame", "late", (64, 64), name="bad-shape")
+    bad_model = tmp_path / "bad-shape.onnx"
+    bad_model.write_bytes(wrong_onnx)
+    bad_spec = FilterSpec(name="bad-shape", architecture="full_frame", tap="late", input_size=(128, 96))
+    fill_filter_form(page, bad_spec, bad_model)
+    message = page.get_by_test_id("filter-form-message")
+    expect(message).to_have_class("message error")
+    refused = api(
+        cloud,
+        "POST",
+        "/api/filters",
+        data={"spec": bad_spec.model_dump_json()},
+        files={"model": ("bad-shape.onnx", wrong_onnx, "application/octet-stream")},
+    )
+    assert refused.status_code in (400, 409, 413, 422), refused.text
+    expect(message).to_have_text(f"Not registered: {refused.json()['detail']}")
+    assert [f["name"] for f in api(cloud, "GET", "/api/filters").json()] == ["red-car"]
+
+    # Delete through the table (accepting the confirmation dialog).
+    page.once("dialog", lambda dialog: dialog.accept())
+    row.get_by_test_id("filter-delete").click()
+    expect(page.get_by_test_id("filter-row")).to_have_count(0)
+    assert api(cloud, "GET", "/api/filters").json() == []
+
+
+def test_live_stats_and_events_without_reload(page: Page, cloud: CloudConfig) -> None:
+    from cloud.db import make_engine, session_factory
+    from cloud.framestore import FrameStore
+    from cloud.storage import Storage
+    from edge.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
+
+    sign_in(page, TOKEN)
+    expect(page.get_by_test_id("events-status")).to_contain_text("No events yet")
+    page.evaluate("window.__sameDocument = true")  # gone if the page reloads
+
+    storage = Storage(session_factory(make_engine(cloud.db_url)), FrameStore(cloud.data_dir / "frames"), cloud.base_url)
+    storage.edge_hello("edge-1", Hello(edge="edge-1", run="run-1", cameras=["cam-1"]), None)
+    camera_stats = {"fps": 12.5, "base_ms": 40.25, "mc_ms": 0.75, "frames": 250, "matched": 9, "bytes_out": 20480}
+    uplink = {"connected": True, "spool_messages": 3, "spool_bytes": 4096, "spool_dropped": 0, "sent_bytes": 10240}
+    stats = Stats(edge="edge-1", cameras={"cam-1": {**camera_stats, "dropped": 2, "online": True}}, uplink=uplink)
+    storage.edge_stats("edge-1", stats)
+
+    camera = page.locator('[data-testid="camera-row"][data-camera="cam-1"]')
+    expect(camera.locator('[data-field="fps"]')).to_have_text("12.5")
+    expect(camera.locator('[data-field="base_ms"]')).to_have_text("40.3")
+    expect(camera.locator('[data-field="dropped"]')).to_have_text("2")
+    expect(camera.locator('[data-field="bytes_out"]')).to_have_text("20.0 KiB")
+    edge = page.locator('[data-testid="edge-row"][data-edge="edge-1"]')
+    expect(edge.locator('[data-field="spool_messages"]')).to_have_text("3")
+    expect(edge.locator(".dot.online")).to_have_count(1)
+
+    jpeg = cv2.imencode(".jpg", np.full((THUMB_SIZE[1], THUMB_SIZE[0], 3), (0, 0, 200), np.uint8))[1].tobytes()
+    info = EventInfo(id="ev-1", filter="red-car", camera="cam-1", start_frame=10, start_time=0.8, peak_score=0.93)
+    common = {"edge": "edge-1", "run": "run-1"}
+    storage.store_event("edge-1", EventHeader(**common, seq=1, phase="start", wall_time=time.time(), event=info), b"")
+    frame = FrameHeader(
+        **common, seq=2, camera="cam-1", frame=10, timestamp=0.8, wall_time=time.time(), scores={"red-car": 0.93}
+    )
+    storage.store_frame("edge-1", frame.model_copy(update={"events": ["ev-1"]}), jpeg)
+
+    card = page.get_by_test_id("event-card")
+    expect(card).to_have_count(1)
+    expect(card.get_by_test_id("event-filter")).to_have_text("red-car")
+    expect(card.get_by_test_id("event-camera")).to_have_text("cam-1")
+    expect(card.get_by_test_id("event-peak")).to_have_text("0.930")
+    expect(card.get_by_test_id("event-state")).to_have_text("open")
+    thumb = card.get_by_test_id("event-thumb")
+    expect(thumb).to_be_visible()
+    page.wait_for_function("document.querySelector('[data-testid=event-thumb]')?.naturalWidth > 0")
+    assert thumb.evaluate("img => img.naturalWidth") == THUMB_SIZE[0]
+    thumb_handle = thumb.element_handle()
+
+    # The event ends and a second one starts: the first card updates in place, the new one goes on top.
+    ended = info.model_copy(update={"end_frame": 30, "end_time": 2.5})
+    storage.store_event("edge-1", EventHeader(**common, seq=3, phase="end", wall_time=time.time(), event=ended), b"")
+    second = info.model_copy(update={"id": "ev-2", "start_frame": 40, "start_time": 3.3, "peak_score": 0.71})
+    storage.store_event("edge-1", EventHeader(**common, seq=4, phase="start", wall_time=time.time(), event=second), b"")
+    expect(card).to_have_count(2)
+    expect(card.first.get_by_test_id("event-peak")).to_have_text("0.710")
+    expect(card.nth(1).get_by_test_id("event-state")).to_have_text("ended")
+    assert thumb_handle.evaluate("img => img.isConnected && img.naturalWidth > 0")  # not re-rendered
+    assert page.evaluate("window.__sameDocument === true")
+
+    # Filtering by camera asks the server again; clearing it brings both back.
+    page.get_by_label("Camera", exact=True).fill("cam-9")
+    expect(card).to_have_count(0)
+    page.get_by_label("Camera", exact=True).fill("")
+    expect(card).to_have_count(2)
