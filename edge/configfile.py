@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -28,18 +28,27 @@ def read_config(path: Path, model: type[Config]) -> Config:
     except FileNotFoundError:
         raise FilterForwardError(f"config file {path} does not exist") from None
     try:
-        raw = yaml.safe_load(substitute_env(text, path))
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise FilterForwardError(f"config file {path} is not valid YAML: {exc}".replace("\n", " ")) from None
     try:
-        return model.model_validate(raw or {})
+        return model.model_validate(substitute_env(raw or {}, path))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(top level)"
         raise FilterForwardError(f"config file {path}: {where}: {first['msg']}") from None
 
 
-def substitute_env(text: str, path: Path) -> str:
+def substitute_env(value: Any, path: Path) -> Any:
+    """`value` with `${NAME}` replaced in every string inside it (after parsing, so comments are left alone)."""
+    if isinstance(value, dict):
+        return {key: substitute_env(item, path) for key, item in value.items()}
+    if isinstance(value, list):
+        return [substitute_env(item, path) for item in value]
+    return _substitute(value, path) if isinstance(value, str) else value
+
+
+def _substitute(text: str, path: Path) -> str:
     def value(match: re.Match) -> str:
         name, default = match.group(1), match.group(2)
         if name in os.environ:

@@ -156,6 +156,7 @@ class _Reader:
     read() hands that frame out first. Subclasses set up their state, then call this __init__."""
 
     fps: float | None = None  # the rate the source reports, if any
+    open_s = 0.0  # how long opening took; a stream's frames buffered meanwhile then arrive in a burst
 
     def __init__(self, failure: str) -> None:
         first = self._decode()
@@ -191,8 +192,10 @@ class _CaptureReader(_Reader):
     """Files, streams and devices through cv2.VideoCapture."""
 
     def __init__(self, location: str | int, failure: str) -> None:
+        started = time.monotonic()
         self._capture = _open_capture(location)
         super().__init__(failure)
+        self.open_s = time.monotonic() - started
         reported = self._capture.get(cv2.CAP_PROP_FPS)
         self.fps = reported if 0 < reported <= _MAX_SANE_FPS else None
 
@@ -317,19 +320,23 @@ class _RateCap:
 
 
 class _LiveClock:
-    """Stream time for live frames: the camera's own clock (POS_MSEC) while it advances and stays
-    within a second of ours, else our monotonic clock since the first frame; never goes backwards."""
+    """Stream time for live frames: the camera's own clock (POS_MSEC) while it does not go back and stays
+    within a second of ours, else our monotonic clock since the first frame; never goes backwards.
+    The camera's clock may also lead ours by as long as opening took: FFmpeg buffers an RTSP stream's
+    first seconds while it probes them and then hands those frames out in one burst."""
 
     def __init__(self) -> None:
         self._start: float | None = None
         self._last = 0.0
         self._last_position: float | None = None
         self._trusted = True
+        self._lead_s = 0.0
 
-    def reconnected(self) -> None:
+    def reconnected(self, open_s: float) -> None:
         """A new connection restarts the camera's clock: trust it again, measured from here."""
         self._last_position = None
         self._trusted = True
+        self._lead_s = open_s
 
     def stamp(self, position_ms: float) -> float:
         now = time.monotonic()
@@ -339,7 +346,9 @@ class _LiveClock:
         stamp = elapsed
         if self._trusted and self._last_position is not None:
             candidate = self._last + (position - self._last_position)
-            if position > self._last_position and abs(candidate - elapsed) <= _CLOCK_TOLERANCE_S:
+            # a repeated position is no news (OpenCV reports 0 for both of an RTSP stream's first two frames)
+            ahead = candidate - elapsed
+            if position >= self._last_position and -_CLOCK_TOLERANCE_S <= ahead <= _CLOCK_TOLERANCE_S + self._lead_s:
                 stamp = candidate
             else:
                 self._trusted = False  # e.g. MJPEG over HTTP, where FFmpeg makes up 40 ms steps
@@ -579,7 +588,7 @@ class VideoSource:
                 delay = min(delay * 2, maximum)
                 continue
             delay = initial
-            self._clock.reconnected()
+            self._clock.reconnected(reader.open_s)
             self._pump(reader)
             if not self._stop.is_set():
                 self._went_offline("the stream stopped delivering frames")
