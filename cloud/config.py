@@ -26,8 +26,8 @@ class ZmqConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     bind: str = Field("0.0.0.0", description="address the ingest and filter sockets bind")
-    ingest_port: int = Field(5555, ge=1, le=65535, description="ROUTER for the edges' uplinks")
-    publish_port: int = Field(5556, ge=1, le=65535, description="PUB for filter updates")
+    ingest_port: int = Field(5555, ge=0, le=65535, description="ROUTER for the edges' uplinks (0: any free port)")
+    publish_port: int = Field(5556, ge=0, le=65535, description="PUB for filter updates (0: any free port)")
     secret_key: Path | None = Field(None, description="the cloud's CURVE secret key file (filterforward keys)")
     edge_keys: Path | None = Field(None, description="folder of allowed edges' public key files (<edge>.key)")
     insecure: bool = Field(False, description="no CURVE: only for loopback tests and demos")

@@ -6,9 +6,6 @@ cloud's own storage layer writes into the server's database while the page stays
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,72 +14,28 @@ import cv2
 import httpx
 import numpy as np
 import pytest
-import yaml
+from cloud_server import READ_WRITE, run_cloud
 
-from cloud.config import CloudConfig, load_cloud_config
+from cloud.config import CloudConfig
 from models.filterspec import FilterSpec
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 Page = playwright_api.Page
 expect = playwright_api.expect
 
-REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
-TOKEN = "web-test-operator-token-0123456789"
+TOKEN = READ_WRITE
 THUMB_SIZE = (64, 48)  # width, height of the test frame
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM}")
 expect.set_options(timeout=15_000)  # the page polls every 2 s
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_healthy(process: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"cloud server exited with {process.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"cloud server did not answer /healthz:\n{log.read_text()}")
-
-
 @pytest.fixture(scope="module")
 def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudConfig]:
     """A real cloud server process on free loopback ports, with a SQLite database in its data_dir."""
-    root = tmp_path_factory.mktemp("cloud")
-    config_path = root / "cloud.yaml"
-    settings = {
-        "data_dir": "data",
-        "host": "127.0.0.1",
-        "port": free_port(),
-        "tokens": [{"name": "operator", "token": TOKEN, "scopes": ["read", "write"]}],
-        "zmq": {"bind": "127.0.0.1", "ingest_port": free_port(), "publish_port": free_port(), "insecure": True},
-    }
-    config_path.write_text(yaml.safe_dump(settings))
-    config = load_cloud_config(config_path)
-    log = root / "cloud.log"
-    with log.open("w") as out:
-        command = [sys.executable, "-m", "filterforward", "cloud", "serve", "--config", str(config_path)]
-        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_healthy(process, config.base_url, log)
-        yield config
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with run_cloud(tmp_path_factory.mktemp("cloud")) as server:
+        yield server.config
 
 
 @pytest.fixture(scope="module")

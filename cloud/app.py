@@ -1,0 +1,158 @@
+"""The cloud service: one FastAPI app (REST API, web page, /metrics, /healthz) that also runs the ZeroMQ ingest.
+
+`create_app(config)` only describes the app; its lifespan opens the database, starts the ingest, the
+notifier and the retention sweeps, and stops them again in reverse order when the server shuts down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import AsyncIterator
+from contextlib import ExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, HTTPException, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import sessionmaker
+
+from cloud import retention
+from cloud.config import CloudConfig
+from cloud.db import make_engine, session_factory
+from cloud.framestore import FrameStore
+from cloud.ingest import Ingest
+from cloud.metrics import ServiceCollector
+from cloud.notify import Notifier
+from cloud.registry import Registry, RegistryError
+from cloud.routers import edges, events, filters, stats
+from cloud.schemas import Health
+from cloud.storage import Storage
+from models.bundle import validation_summary
+
+log = logging.getLogger(__name__)
+
+WEB_DIR = Path(__file__).parent / "web"
+STOP_WAIT = 30.0  # seconds a shutdown waits for a retention sweep in progress
+
+
+@dataclass(frozen=True)
+class Services:
+    """The running service's parts, shared by the request handlers through `app.state.services`."""
+
+    engine: Engine
+    sessions: sessionmaker
+    store: FrameStore
+    storage: Storage
+    registry: Registry
+    notifier: Notifier
+    ingest: Ingest
+    metrics: CollectorRegistry
+
+
+def create_app(config: CloudConfig) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        with ExitStack() as stack:
+            app.state.services = start_services(config, stack)
+            yield
+            log.info("cloud service stopping")
+
+    app = FastAPI(
+        title="FilterForward cloud",
+        description="Filter registry, edges, events and their frames. Send 'Authorization: Bearer <token>'.",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.config = config
+    for module in (filters, edges, events, stats):
+        app.include_router(module.router, prefix="/api")
+    app.add_exception_handler(RegistryError, _registry_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_api_route("/healthz", healthz, methods=["GET"], tags=["service"])
+    app.add_api_route("/metrics", metrics, methods=["GET"], tags=["service"], response_class=Response)
+    app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
+    app.mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static")
+    return app
+
+
+def start_services(config: CloudConfig, stack: ExitStack) -> Services:
+    """Open and start every part; `stack` closes them in reverse order (also when a later part fails)."""
+    engine = make_engine(config.db_url)
+    stack.callback(engine.dispose)
+    sessions = session_factory(engine)
+    store = FrameStore(config.data_dir / "frames")
+    storage = Storage(sessions, store, config.base_url)
+    notifier = Notifier(config)
+    stack.callback(notifier.close)  # after the ingest stops: flushes what it queued
+    ingest = Ingest(config, storage, sessions, notify=notifier.publish)
+    ingest.start()
+    stack.callback(ingest.stop)
+    ingest_port, publish_port = ingest.ports
+    log.info("ingest on %s:%d, filter updates on %s:%d", config.zmq.bind, ingest_port, config.zmq.bind, publish_port)
+    _start_retention(config, sessions, store, stack)
+    metrics_registry = CollectorRegistry(auto_describe=False)
+    counts = {"ingest": lambda: ingest.counts, "notify": lambda: notifier.counts}
+    metrics_registry.register(ServiceCollector(sessions, config, counts))
+    registry = Registry(sessions, config.max_upload_bytes)
+    return Services(engine, sessions, store, storage, registry, notifier, ingest, metrics_registry)
+
+
+def _start_retention(config: CloudConfig, sessions: sessionmaker, store: FrameStore, stack: ExitStack) -> None:
+    """Sweep now and every `retention.interval` seconds in a thread until the stack closes."""
+    policy = config.retention
+    stop = threading.Event()
+
+    def loop() -> None:
+        while True:
+            try:
+                retention.sweep(sessions, store, policy.max_age_days, policy.max_bytes)
+            except Exception:  # a failed sweep (e.g. the DB briefly away) must not end the sweeps
+                log.exception("retention sweep failed; next try in %.0f s", policy.interval)
+            if stop.wait(policy.interval):
+                return
+
+    thread = threading.Thread(target=loop, name="retention", daemon=True)
+    thread.start()
+    stack.callback(thread.join, STOP_WAIT)
+    stack.callback(stop.set)
+
+
+def healthz(request: Request) -> Health:
+    """Open: 200 while the database answers, 503 otherwise."""
+    try:
+        with request.app.state.services.sessions() as session:
+            session.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        log.warning("health check: database unreachable: %s", exc)
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "database unreachable: see the service log") from None
+    return Health(status="ok")
+
+
+def metrics(request: Request) -> Response:
+    """Open: Prometheus text exposition of the service's counts."""
+    return Response(generate_latest(request.app.state.services.metrics), media_type=CONTENT_TYPE_LATEST)
+
+
+def index() -> Response:
+    page = WEB_DIR / "index.html"
+    if not page.is_file():
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "the web page is not installed (cloud/web/index.html)")
+    return FileResponse(page)
+
+
+async def _registry_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RegistryError)
+    return JSONResponse({"detail": str(exc)}, exc.status)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's list of validation errors as the API's one-line detail."""
+    assert isinstance(exc, RequestValidationError)
+    return JSONResponse({"detail": validation_summary(exc)}, status.HTTP_422_UNPROCESSABLE_CONTENT)

@@ -1,0 +1,157 @@
+"""The filter registry: create, update and delete filters, each change logged as a FilterChange for the edges.
+
+Every change writes the Filter row and a FilterChange with version = max + 1 in one transaction, so the
+ingest publishes changes in exactly the order they were made. Two writers that pick the same version collide
+on the change log's primary key; the loser retries with the next one. Every refusal (RegistryError) happens
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from cloud.db import Filter, FilterChange, utcnow
+from models.bundle import check_mc_model, validation_summary
+from models.errors import FilterForwardError
+from models.filterspec import FilterSpec
+from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, PIXELS, Tap, check_input_size
+
+log = logging.getLogger(__name__)
+
+RETRIES = 5
+TAPS: dict[str, Tap] = {**EFFICIENTNET_LITE0_TAPS, PIXELS: PIXEL_TAP}
+T = TypeVar("T")
+
+
+class RegistryError(FilterForwardError):
+    """A refused request; `status` is the HTTP status the API answers with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_spec(text: str) -> FilterSpec:
+    """A FilterSpec from the JSON text of an upload form, validated strictly (400 not JSON, 422 invalid)."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RegistryError(400, f"spec is not valid JSON ({exc}): send the filter spec as a JSON object") from None
+    if not isinstance(raw, dict):
+        raise RegistryError(400, f"spec is a JSON {type(raw).__name__}: send the filter spec as a JSON object")
+    try:
+        spec = FilterSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise RegistryError(422, f"invalid filter spec: {validation_summary(exc)}") from None
+    if spec.tap not in TAPS:
+        raise RegistryError(422, f"invalid filter spec: tap '{spec.tap}' is unknown; use one of {sorted(TAPS)}")
+    try:
+        check_input_size(spec.input_size)
+    except ValueError as exc:
+        raise RegistryError(422, f"invalid filter spec: {exc}") from None
+    return spec
+
+
+class Registry:
+    def __init__(self, sessions: sessionmaker, max_upload_bytes: int) -> None:
+        self._sessions = sessions
+        self.max_upload_bytes = max_upload_bytes
+
+    def filters(self) -> list[Filter]:
+        with self._sessions() as session:
+            return list(session.scalars(select(Filter).order_by(Filter.name)))
+
+    def get(self, name: str) -> Filter:
+        with self._sessions() as session:
+            return _existing(session, name)
+
+    def create(self, spec: FilterSpec, onnx: bytes) -> Filter:
+        self._check_model(spec, onnx)
+
+        def insert(session: Session, version: int) -> Filter:
+            if session.get(Filter, spec.name) is not None:
+                raise RegistryError(
+                    409, f"filter '{spec.name}' already exists: update it with PUT /api/filters/{spec.name}"
+                )
+            now = utcnow()
+            row = Filter(
+                name=spec.name,
+                spec=spec.model_dump(mode="json"),
+                onnx=onnx,
+                revision=version,
+                created_at=now,
+                updated_at=now,
+            )
+            session.add(row)
+            return row
+
+        row = self._change(spec.name, "put", insert)
+        log.info("filter %s created (revision %d, %d bytes of ONNX)", row.name, row.revision, len(onnx))
+        return row
+
+    def update(self, name: str, spec: FilterSpec, onnx: bytes | None) -> Filter:
+        """Replace a filter's spec (its version becomes the stored one + 1) and, if given, its model."""
+        if spec.name != name:
+            raise RegistryError(
+                422, f"spec name '{spec.name}' differs from the filter '{name}' in the URL: filters cannot be renamed"
+            )
+        if onnx is not None:
+            self._check_model(spec, onnx)
+
+        def replace(session: Session, version: int) -> Filter:
+            row = _existing(session, name)
+            if onnx is None:  # the stored model must still fit the new spec (tap, ROI, input size)
+                self._check_model(spec, row.onnx)
+            bumped = spec.model_copy(update={"version": int(row.spec.get("version", 1)) + 1})
+            row.spec = bumped.model_dump(mode="json")
+            row.onnx = onnx if onnx is not None else row.onnx
+            row.revision = version
+            return row
+
+        row = self._change(name, "put", replace)
+        log.info("filter %s updated to version %d (revision %d)", name, row.spec["version"], row.revision)
+        return row
+
+    def delete(self, name: str) -> None:
+        self._change(name, "delete", lambda session, _version: session.delete(_existing(session, name)))
+        log.info("filter %s deleted", name)
+
+    def _check_model(self, spec: FilterSpec, onnx: bytes) -> None:
+        if len(onnx) > self.max_upload_bytes:
+            raise RegistryError(413, too_big(len(onnx), self.max_upload_bytes))
+        try:
+            check_mc_model(spec, onnx, TAPS[spec.tap].shape(spec.input_size))
+        except FilterForwardError as exc:
+            raise RegistryError(422, str(exc)) from None
+
+    def _change(self, name: str, action: str, apply: Callable[[Session, int], T]) -> T:
+        """Run `apply` and log the change with the next version, in one transaction (retried on a collision)."""
+        for attempt in range(1, RETRIES + 1):
+            try:
+                with self._sessions.begin() as session:
+                    version = (session.scalar(select(func.max(FilterChange.version))) or 0) + 1
+                    result = apply(session, version)
+                    session.add(FilterChange(version=version, name=name, action=action))
+                return result
+            except IntegrityError:
+                log.info("filter change %s %s collided with another (attempt %d); retrying", action, name, attempt)
+        raise RegistryError(503, f"filter '{name}' could not be saved: too many concurrent changes; retry")
+
+
+def too_big(size: int, limit: int) -> str:
+    return f"the upload is {size} bytes, over the {limit}-byte limit (max_upload_bytes): upload a smaller MC"
+
+
+def _existing(session: Session, name: str) -> Filter:
+    row = session.get(Filter, name)
+    if row is None:
+        raise RegistryError(404, f"no filter named '{name}': list the filters with GET /api/filters")
+    return row

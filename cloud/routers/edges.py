@@ -1,0 +1,74 @@
+"""/api/edges and /api/cameras: which edges and cameras report in, when they were last heard, their stats."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import APIRouter, Depends
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from cloud.auth import require
+from cloud.db import Camera, Edge
+from cloud.metrics import online_cutoff
+from cloud.routers import ConfigDep, SessionDep, not_found
+from cloud.schemas import CameraOut, EdgeOut, as_utc
+
+router = APIRouter(tags=["edges"], dependencies=[Depends(require("read"))])
+
+
+@router.get("/edges")
+def list_edges(session: SessionDep, config: ConfigDep) -> list[EdgeOut]:
+    edges = session.scalars(select(Edge).order_by(Edge.id)).all()
+    cameras = _camera_names(session)
+    cutoff = online_cutoff(config)
+    return [edge_out(edge, cameras.get(edge.id, []), cutoff) for edge in edges]
+
+
+@router.get("/edges/{edge_id}")
+def get_edge(edge_id: str, session: SessionDep, config: ConfigDep) -> EdgeOut:
+    edge = session.get(Edge, edge_id)
+    if edge is None:
+        raise not_found(f"no edge '{edge_id}' has connected: list the known edges with GET /api/edges")
+    return edge_out(edge, _camera_names(session, edge_id).get(edge_id, []), online_cutoff(config))
+
+
+@router.get("/cameras")
+def list_cameras(session: SessionDep, config: ConfigDep) -> list[CameraOut]:
+    cutoff = online_cutoff(config)
+    rows = session.execute(
+        select(Camera, Edge.last_seen).join(Edge, Edge.id == Camera.edge_id).order_by(Camera.edge_id, Camera.name)
+    )
+    return [
+        CameraOut(
+            edge=camera.edge_id,
+            name=camera.name,
+            # The edge's liveness (heartbeats) and the camera's own state from the edge's last stats.
+            online=as_utc(edge_seen) >= cutoff and bool(camera.stats.get("online", True)),
+            last_seen=camera.last_seen,
+            stats=camera.stats,
+        )
+        for camera, edge_seen in rows
+    ]
+
+
+def edge_out(edge: Edge, cameras: list[str], cutoff: datetime) -> EdgeOut:
+    return EdgeOut(
+        id=edge.id,
+        online=as_utc(edge.last_seen) >= cutoff,
+        last_seen=edge.last_seen,
+        run=edge.run,
+        filters_version=edge.filters_version,
+        stats=edge.stats,
+        cameras=cameras,
+    )
+
+
+def _camera_names(session: Session, edge_id: str | None = None) -> dict[str, list[str]]:
+    query = select(Camera.edge_id, Camera.name).order_by(Camera.edge_id, Camera.name)
+    if edge_id is not None:
+        query = query.where(Camera.edge_id == edge_id)
+    names: dict[str, list[str]] = {}
+    for edge, name in session.execute(query):
+        names.setdefault(edge, []).append(name)
+    return names

@@ -1,0 +1,217 @@
+"""/api/events (queries with keyset pagination), an event's frames, frame images (JPEG) and event clips (MP4).
+
+Pages are ordered newest first on (started_at, id); the cursor is that pair of the page's last event,
+opaque to clients, so a page never repeats or skips events inserted meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
+from fastapi.responses import FileResponse
+from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from cloud.auth import require
+from cloud.clips import encode_clip
+from cloud.db import Event, EventFrame, StoredFrame
+from cloud.framestore import FrameStore
+from cloud.routers import SessionDep, StoreDep, not_found
+from cloud.schemas import EventOut, EventPage, FrameOut, as_utc
+from models.errors import FilterForwardError
+
+router = APIRouter(tags=["events"], dependencies=[Depends(require("read"))])
+
+_frame_count = (
+    select(func.count()).select_from(EventFrame).where(EventFrame.event_uid == Event.uid).correlate(Event)
+).scalar_subquery()
+_thumbnail = (
+    select(StoredFrame.id)
+    .join(EventFrame, EventFrame.frame_id == StoredFrame.id)
+    .where(EventFrame.event_uid == Event.uid, StoredFrame.path.is_not(None))
+    .order_by(StoredFrame.frame_index, StoredFrame.id)
+    .limit(1)
+    .correlate(Event)
+).scalar_subquery()
+EVENT_ROWS = select(Event, _frame_count, _thumbnail)
+
+
+@router.get("/events")
+def list_events(
+    session: SessionDep,
+    filter_name: Annotated[str | None, Query(alias="filter", description="filter name")] = None,
+    camera: str | None = None,
+    edge: str | None = None,
+    since: Annotated[str | None, Query(description="ISO 8601; events that started at or after it")] = None,
+    until: Annotated[str | None, Query(description="ISO 8601; events that started before it")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+) -> EventPage:
+    """Events, newest first, optionally by filter, camera, edge and start-time range."""
+    query: Select = EVENT_ROWS
+    for column, value in ((Event.filter, filter_name), (Event.camera, camera), (Event.edge_id, edge)):
+        if value is not None:
+            query = query.where(column == value)
+    if since is not None:
+        query = query.where(Event.started_at >= parse_time("since", since))
+    if until is not None:
+        query = query.where(Event.started_at < parse_time("until", until))
+    if cursor is not None:
+        started_at, event_id = decode_cursor(cursor)
+        query = query.where(
+            or_(Event.started_at < started_at, and_(Event.started_at == started_at, Event.id < event_id))
+        )
+    rows = session.execute(query.order_by(Event.started_at.desc(), Event.id.desc()).limit(limit + 1)).all()
+    items = [event_out(*row) for row in rows[:limit]]
+    next_cursor = encode_cursor(items[-1]) if len(rows) > limit else None
+    return EventPage(items=items, next_cursor=next_cursor)
+
+
+@router.get("/events/{event_id}")
+def get_event(event_id: int, session: SessionDep) -> EventOut:
+    row = session.execute(EVENT_ROWS.where(Event.id == event_id)).first()
+    if row is None:
+        raise _no_event(event_id)
+    return event_out(*row)
+
+
+@router.get("/events/{event_id}/frames")
+def event_frames(event_id: int, session: SessionDep) -> list[FrameOut]:
+    """The event's stored frames in stream order."""
+    return [
+        FrameOut(
+            id=frame.id,
+            frame_index=frame.frame_index,
+            stream_time=frame.stream_time,
+            captured_at=frame.captured_at,
+            scores=frame.scores,
+            image_url=frame_url(frame.id) if frame.path else None,
+        )
+        for frame in _frames_of(session, _event(session, event_id))
+    ]
+
+
+@router.get(
+    "/frames/{frame_id}.jpg",
+    response_class=Response,
+    responses={200: {"content": {"image/jpeg": {}}, "description": "the frame as sent by the edge"}},
+)
+def frame_image(frame_id: int, session: SessionDep, store: StoreDep) -> Response:
+    frame = session.get(StoredFrame, frame_id)
+    if frame is None or frame.path is None:
+        raise not_found(f"frame {frame_id} has no stored image (unknown, sent without one, or removed by retention)")
+    try:  # read at once: retention may delete the file right after
+        data = store.open_path(frame.path).read_bytes()
+    except (FilterForwardError, OSError):
+        raise not_found(f"frame {frame_id}'s image has been removed (retention)") from None
+    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=86400"})
+
+
+@router.get(
+    "/events/{event_id}/clip.mp4",
+    response_class=Response,
+    responses={200: {"content": {"video/mp4": {}}, "description": "the edge's clip, or one made from its frames"}},
+)
+def event_clip(event_id: int, session: SessionDep, store: StoreDep) -> Response:
+    event = _event(session, event_id)
+    if event.clip_path is not None:
+        try:
+            return FileResponse(store.open_path(event.clip_path), media_type="video/mp4")
+        except FilterForwardError:
+            pass  # removed by retention: fall back to the frames, if any are left
+    frames = [frame for frame in _frames_of(session, event) if frame.path is not None]
+    if not frames:
+        raise not_found(f"event {event_id} has no stored clip or JPEG frames to make one from")
+    try:
+        return Response(encode_clip(_stored_jpegs(store, frames)), media_type="video/mp4")
+    except FilterForwardError as exc:
+        raise not_found(f"event {event_id}: {exc}") from None
+
+
+def parse_time(name: str, value: str) -> datetime:
+    try:
+        return as_utc(datetime.fromisoformat(value))
+    except ValueError:
+        raise _bad_request(
+            f"{name}={value!r} is not an ISO 8601 time: use e.g. 2024-05-01T12:00:00Z (URL-encode a '+' offset)"
+        ) from None
+
+
+def encode_cursor(last: EventOut) -> str:
+    raw = json.dumps([last.started_at.isoformat(), last.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, int]:
+    try:
+        started_at, event_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return as_utc(datetime.fromisoformat(started_at)), int(event_id)
+    except (binascii.Error, ValueError, TypeError):  # JSON and unpacking errors are ValueErrors or TypeErrors
+        raise _bad_request(
+            "cursor is not one this API returned: pass next_cursor of the previous page unchanged"
+        ) from None
+
+
+def event_out(event: Event, frames: int, thumbnail: int | None) -> EventOut:
+    return EventOut(
+        id=event.id,
+        uid=event.uid,
+        edge=event.edge_id,
+        camera=event.camera,
+        filter=event.filter,
+        start_frame=event.start_frame,
+        end_frame=event.end_frame,
+        start_time=event.start_time,
+        end_time=event.end_time,
+        peak_score=event.peak_score,
+        started_at=event.started_at,
+        ended_at=event.ended_at,
+        open=event.ended_at is None,
+        frames=frames,
+        thumbnail_url=frame_url(thumbnail) if thumbnail is not None else None,
+        clip_url=f"/api/events/{event.id}/clip.mp4",
+    )
+
+
+def frame_url(frame_id: int) -> str:
+    return f"/api/frames/{frame_id}.jpg"
+
+
+def _event(session: Session, event_id: int) -> Event:
+    event = session.get(Event, event_id)
+    if event is None:
+        raise _no_event(event_id)
+    return event
+
+
+def _frames_of(session: Session, event: Event) -> list[StoredFrame]:
+    query = (
+        select(StoredFrame)
+        .join(EventFrame, EventFrame.frame_id == StoredFrame.id)
+        .where(EventFrame.event_uid == event.uid)
+        .order_by(StoredFrame.frame_index, StoredFrame.id)
+    )
+    return list(session.scalars(query))
+
+
+def _stored_jpegs(store: FrameStore, frames: list[StoredFrame]) -> Iterator[tuple[float, bytes]]:
+    """(stream time, JPEG bytes) of the frames whose image is still stored, read one at a time."""
+    for frame in frames:
+        try:
+            yield frame.stream_time, store.open_path(frame.path).read_bytes()
+        except (FilterForwardError, OSError):
+            continue  # removed by retention meanwhile
+
+
+def _no_event(event_id: int) -> HTTPException:
+    return not_found(f"no event {event_id}: list events with GET /api/events")
+
+
+def _bad_request(message: str) -> HTTPException:
+    return HTTPException(status.HTTP_400_BAD_REQUEST, message)

@@ -1,0 +1,139 @@
+"""/api/filters: register, list, read, update and delete filters (spec JSON + ONNX model uploads)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Response, UploadFile, status
+from fastapi.routing import APIRoute
+from starlette.types import Message, Receive
+
+from cloud.auth import require
+from cloud.db import Filter
+from cloud.registry import Registry, RegistryError, parse_spec, too_big
+from cloud.routers import RegistryDep
+from cloud.schemas import FilterOut
+
+# Room for the spec field and the multipart framing around the model in an upload's body.
+FORM_OVERHEAD = 256 * 1024
+SPEC_HELP = "the filter spec as JSON text (models.filterspec.FilterSpec)"
+
+
+class UploadLimitRoute(APIRoute):
+    """Refuses a body over the upload limit from its Content-Length, or as soon as it streams past it,
+    so an oversized upload is never read (or spooled) whole."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def limited(request: Request) -> Response:
+            max_upload = request.app.state.config.max_upload_bytes
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_upload + FORM_OVERHEAD:
+                raise _body_too_big(int(declared), max_upload)
+            return await handler(Request(request.scope, _capped(request.receive, max_upload)))
+
+        return limited
+
+
+def _capped(receive: Receive, max_upload: int) -> Receive:
+    received = 0
+
+    async def capped() -> Message:
+        nonlocal received
+        message = await receive()
+        received += len(message.get("body", b""))
+        if received > max_upload + FORM_OVERHEAD:
+            raise _body_too_big(received, max_upload)
+        return message
+
+    return capped
+
+
+def _body_too_big(size: int, max_upload: int) -> HTTPException:
+    return HTTPException(
+        status.HTTP_413_CONTENT_TOO_LARGE,
+        f"the request body is at least {size} bytes, over the {max_upload}-byte model limit (max_upload_bytes) "
+        f"plus {FORM_OVERHEAD} bytes for the form: upload a smaller MC",
+    )
+
+
+router = APIRouter(prefix="/filters", tags=["filters"], route_class=UploadLimitRoute)
+Reader = Depends(require("read"))
+Writer = Depends(require("write"))
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Writer])
+def create_filter(
+    spec: Annotated[str, Form(description=SPEC_HELP)],
+    model: Annotated[UploadFile, File(description="the MC's ONNX model")],
+    registry: RegistryDep,
+) -> FilterOut:
+    """Register a filter; its model is checked against the spec's tap, ROI and input size."""
+    return filter_out(registry.create(parse_spec(spec), read_model(model, registry)))
+
+
+@router.get("", dependencies=[Reader])
+def list_filters(registry: RegistryDep) -> list[FilterOut]:
+    return [filter_out(row) for row in registry.filters()]
+
+
+@router.get("/{name}", dependencies=[Reader])
+def get_filter(name: str, registry: RegistryDep) -> FilterOut:
+    return filter_out(registry.get(name))
+
+
+@router.get(
+    "/{name}/model",
+    dependencies=[Reader],
+    response_class=Response,
+    responses={200: {"content": {"application/octet-stream": {}}, "description": "the ONNX model"}},
+)
+def get_model(name: str, registry: RegistryDep) -> Response:
+    row = registry.get(name)
+    return Response(
+        row.onnx,
+        media_type="application/octet-stream",
+        headers={"Content-Disposition": f'attachment; filename="{row.name}.onnx"'},
+    )
+
+
+@router.put("/{name}", dependencies=[Writer])
+def update_filter(
+    name: str,
+    spec: Annotated[str, Form(description=SPEC_HELP)],
+    registry: RegistryDep,
+    model: Annotated[UploadFile | None, File(description="a new ONNX model (keep the current one without)")] = None,
+) -> FilterOut:
+    """Replace a filter's spec (the server bumps its version) and optionally its model."""
+    # A browser form with an empty file input sends an empty, unnamed part: that means "keep the model".
+    given = model is not None and bool(model.filename or model.size)
+    onnx = read_model(model, registry) if given else None
+    return filter_out(registry.update(name, parse_spec(spec), onnx))
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[Writer])
+def delete_filter(name: str, registry: RegistryDep) -> None:
+    registry.delete(name)
+
+
+def read_model(model: UploadFile, registry: Registry) -> bytes:
+    """The uploaded model's bytes, read no further than one byte past the limit."""
+    data = model.file.read(registry.max_upload_bytes + 1)
+    if len(data) > registry.max_upload_bytes:
+        raise RegistryError(
+            status.HTTP_413_CONTENT_TOO_LARGE, too_big(model.size or len(data), registry.max_upload_bytes)
+        )
+    return data
+
+
+def filter_out(row: Filter) -> FilterOut:
+    return FilterOut(
+        name=row.name,
+        spec=row.spec,
+        revision=row.revision,
+        model_bytes=len(row.onnx),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )

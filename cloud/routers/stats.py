@@ -1,0 +1,17 @@
+"""/api/stats: counts of everything the service holds, and its persistent counters."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from cloud.auth import require
+from cloud.metrics import service_stats
+from cloud.routers import ConfigDep, SessionDep
+from cloud.schemas import StatsOut
+
+router = APIRouter(tags=["stats"], dependencies=[Depends(require("read"))])
+
+
+@router.get("/stats")
+def stats(session: SessionDep, config: ConfigDep) -> StatsOut:
+    return service_stats(session, config)

@@ -1,0 +1,65 @@
+"""`filterforward keys`: create and inspect the CURVE keypairs of the ZeroMQ links between edges and the cloud."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from models.errors import FilterForwardError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "keys",
+        help="create or show CURVE keypairs for the edge <-> cloud links",
+        description="The ZeroMQ links between edges and the cloud are encrypted and authenticated with CURVE: the "
+        "cloud has a keypair, each edge has one, and the cloud only accepts edges whose public key is in its "
+        "zmq.edge_keys folder.",
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser(
+        "create",
+        help="write NAME.key (public) and NAME.key_secret (secret, mode 0600)",
+        description="Creates a CURVE keypair in ZeroMQ's certificate format. Create one named `cloud` for the "
+        "cloud service and one per edge, named after its edge_id. The .key file is public: copy the cloud's to "
+        "every edge (cloud.server_key) and each edge's into the cloud's zmq.edge_keys folder (the allow-list; "
+        "the file name is the edge id). The .key_secret file never leaves the machine it was made for. "
+        "Refuses to overwrite an existing keypair.",
+    )
+    create.add_argument("name", metavar="NAME", help="the edge id, or `cloud` (letters, digits, _ . -)")
+    create.add_argument("--dir", type=Path, default=Path("keys"), help="folder to write to (default: keys)")
+    create.set_defaults(func=_create)
+    show = actions.add_parser(
+        "show",
+        help="print the public key in a .key or .key_secret file",
+        description="Prints the Z85 public key held in FILE, e.g. to compare it with the key an edge reports.",
+    )
+    show.add_argument("file", type=Path, metavar="FILE", help="a .key or .key_secret file")
+    show.set_defaults(func=_show)
+
+
+def _create(args: argparse.Namespace) -> int:
+    from edge.curve import create_keypair
+    from edge.protocol import ID_PATTERN
+
+    if not re.fullmatch(ID_PATTERN, args.name):
+        raise FilterForwardError(
+            f"key name {args.name!r} is not an id: use up to 64 letters, digits, '_', '.' or '-' (e.g. edge-1)"
+        )
+    public, secret = create_keypair(args.dir, args.name)
+    print(f"public key: {public}  (safe to copy)")
+    print(f"secret key: {secret}  (keep it on this machine; mode 0600)")
+    print(
+        f"for an edge: set cloud.secret_key: {secret} in its config and copy {public.name} into the cloud's "
+        f"zmq.edge_keys folder (the edge_id must be {args.name})"
+    )
+    print(f"for the cloud: set zmq.secret_key: {secret} and copy {public.name} to each edge as cloud.server_key")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from edge.curve import load_public
+
+    print(load_public(args.file).decode("ascii"))
+    return 0

@@ -1,0 +1,126 @@
+"""A real `filterforward cloud serve` process for tests: config on free loopback ports, start, health, stop.
+
+Used by the API, web, uplink and end-to-end tests; also a fresh PostgreSQL schema per test module.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import yaml
+
+from cloud.config import CloudConfig, load_cloud_config
+
+REPO = Path(__file__).resolve().parents[1]
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+READ_WRITE = "api-test-read-write-token-0123"
+READ_ONLY = "api-test-read-only-token-45678"
+WRITE_ONLY = "api-test-write-only-token-9012"
+MAX_UPLOAD = 100_000  # above every MC exported here (late tap at 128x96: ~47 kB)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class CloudServer:
+    config: CloudConfig
+    process: subprocess.Popen
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return self.config.base_url
+
+    def client(self, token: str | None = READ_WRITE) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def log_text(self) -> str:
+        return self.log.read_text()
+
+
+def write_config(root: Path, zmq: dict[str, Any] | None = None, **settings: Any) -> Path:
+    """A cloud YAML on free loopback ports with three tokens (read+write, read, write) and no CURVE."""
+    zmq_settings = {"bind": "127.0.0.1", "ingest_port": free_port(), "publish_port": free_port(), "insecure": True}
+    config = {
+        "data_dir": "data",
+        "host": "127.0.0.1",
+        "port": free_port(),
+        "tokens": [
+            {"name": "operator", "token": READ_WRITE, "scopes": ["read", "write"]},
+            {"name": "viewer", "token": READ_ONLY, "scopes": ["read"]},
+            {"name": "uploader", "token": WRITE_ONLY, "scopes": ["write"]},
+        ],
+        "zmq": {**zmq_settings, **(zmq or {})},
+        "max_upload_bytes": MAX_UPLOAD,
+        **settings,
+    }
+    path = root / "cloud.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@contextmanager
+def run_cloud(root: Path, **settings: Any) -> Iterator[CloudServer]:
+    """`python -m filterforward cloud serve` until /healthz answers; SIGTERM after, which must exit cleanly."""
+    config_path = write_config(root, **settings)
+    log = root / "cloud.log"
+    with log.open("w") as out:
+        command = [sys.executable, "-m", "filterforward", "cloud", "serve", "--config", str(config_path)]
+        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    server = CloudServer(load_cloud_config(config_path), process, log)
+    try:
+        wait_healthy(server)
+        yield server
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, f"cloud server exited with {process.returncode}:\n{server.log_text()}"
+
+
+def wait_healthy(server: CloudServer) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            pytest.fail(f"cloud server exited with {server.process.returncode}:\n{server.log_text()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"cloud server did not answer /healthz within 60 s:\n{server.log_text()}")
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A SQLAlchemy URL whose tables live in a fresh PostgreSQL schema, dropped afterwards."""
+    schema = f"ff_api_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as connection:
+        connection.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as connection:
+            connection.execute(f'DROP SCHEMA "{schema}" CASCADE')

@@ -1,0 +1,352 @@
+"""The filter registry over REST, against a real `filterforward cloud serve` process (SQLite and PostgreSQL).
+
+Every refusal is checked three ways: the HTTP status, a one-line detail that says what is wrong, and a
+database (read directly, not through the API) exactly as it was before the request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from cloud_server import MAX_UPLOAD, READ_ONLY, WRITE_ONLY, CloudServer, postgres_schema, run_cloud
+from sqlalchemy import select
+
+from cloud.config import CloudConfig
+from cloud.db import Filter, FilterChange, make_engine, session_factory
+from models.filterspec import FilterSpec
+
+SIZE = (128, 96)
+
+Exporter = Callable[..., tuple[FilterSpec, bytes]]
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def cloud(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudServer]:
+    root = tmp_path_factory.mktemp(f"cloud-{request.param}")
+    if request.param == "sqlite":
+        with run_cloud(root) as server:
+            yield server
+    else:
+        with postgres_schema() as url, run_cloud(root, database_url=url) as server:
+            yield server
+
+
+@pytest.fixture(scope="module")
+def models(make_filter: Exporter) -> dict[str, tuple[FilterSpec, bytes]]:
+    """Real exported MCs: two for the late tap at 128x96, and misfits for it (mid tap, other input size)."""
+    return {
+        "late": make_filter("full_frame", "late", SIZE, name="late-a"),
+        "late-other": make_filter("full_frame", "late", SIZE, name="late-b"),
+        "mid": make_filter("full_frame", "mid", SIZE, name="mid"),
+        "small": make_filter("full_frame", "late", (64, 64), name="small"),
+    }
+
+
+def db_state(config: CloudConfig) -> list[tuple]:
+    """Every filter (with a digest of its model) and every filter change, straight from the database."""
+    engine = make_engine(config.db_url)
+    try:
+        with session_factory(engine)() as session:
+            filters = [
+                (row.name, row.spec, row.revision, hashlib.sha256(row.onnx).hexdigest(), row.updated_at)
+                for row in session.scalars(select(Filter).order_by(Filter.name))
+            ]
+            changes = [
+                (row.version, row.name, row.action)
+                for row in session.scalars(select(FilterChange).order_by(FilterChange.version))
+            ]
+    finally:
+        engine.dispose()
+    return [*filters, *changes]
+
+
+def changes(config: CloudConfig) -> list[tuple[int, str, str]]:
+    return [row for row in db_state(config) if isinstance(row[0], int)]
+
+
+def upload(spec: FilterSpec | str, onnx: bytes | None) -> dict[str, Any]:
+    text = spec if isinstance(spec, str) else spec.model_dump_json()
+    files = {"model": ("model.onnx", onnx, "application/octet-stream")} if onnx is not None else None
+    return {"data": {"spec": text}, "files": files}
+
+
+def spec_for(name: str, **fields: Any) -> FilterSpec:
+    return FilterSpec(name=name, architecture="full_frame", tap="late", input_size=SIZE, **fields)
+
+
+def test_create_list_get_and_download(cloud: CloudServer, models: dict) -> None:
+    _, onnx = models["late"]
+    spec = spec_for("cars-create", event="car", cameras=["cam-1"])
+    with cloud.client() as client:
+        created = client.post("/api/filters", **upload(spec, onnx))
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert body["name"] == "cars-create"
+        assert body["spec"] == spec.model_dump(mode="json")
+        assert body["model_bytes"] == len(onnx)
+        assert body["created_at"] == body["updated_at"]
+
+        listed = client.get("/api/filters").json()
+        assert body in listed
+        assert client.get("/api/filters/cars-create").json() == body
+        model = client.get("/api/filters/cars-create/model")
+        assert model.status_code == 200
+        assert model.content == onnx
+        assert model.headers["content-type"] == "application/octet-stream"
+    # The change log has the creation as its newest entry, and the filter's revision is that version.
+    assert changes(cloud.config)[-1] == (body["revision"], "cars-create", "put")
+
+
+def test_update_bumps_version_and_revision(cloud: CloudServer, models: dict) -> None:
+    _, onnx = models["late"]
+    _, other = models["late-other"]
+    with cloud.client() as client:
+        first = client.post("/api/filters", **upload(spec_for("cars-update"), onnx)).json()
+
+        smoother = spec_for("cars-update", smoothing={"threshold": 0.7, "k": 2, "n": 4})
+        updated = client.put("/api/filters/cars-update", **upload(smoother, None))
+        assert updated.status_code == 200, updated.text
+        second = updated.json()
+        assert second["spec"]["version"] == first["spec"]["version"] + 1
+        assert second["spec"]["smoothing"] == {"threshold": 0.7, "k": 2, "n": 4}
+        assert second["revision"] > first["revision"]
+        assert second["created_at"] == first["created_at"]
+        assert client.get("/api/filters/cars-update/model").content == onnx  # the model is kept
+
+        third = client.put("/api/filters/cars-update", **upload(smoother, other)).json()
+        assert third["spec"]["version"] == first["spec"]["version"] + 2
+        assert third["revision"] > second["revision"]
+        assert client.get("/api/filters/cars-update/model").content == other
+    assert changes(cloud.config)[-2:] == [
+        (second["revision"], "cars-update", "put"),
+        (third["revision"], "cars-update", "put"),
+    ]
+
+
+def test_delete(cloud: CloudServer, models: dict) -> None:
+    _, onnx = models["late"]
+    with cloud.client() as client:
+        assert client.post("/api/filters", **upload(spec_for("cars-delete"), onnx)).status_code == 201
+        deleted = client.delete("/api/filters/cars-delete")
+        assert deleted.status_code == 204
+        assert deleted.content == b""
+        missing = client.get("/api/filters/cars-delete")
+        assert missing.status_code == 404
+        assert "no filter named 'cars-delete'" in missing.json()["detail"]
+        assert "cars-delete" not in [f["name"] for f in client.get("/api/filters").json()]
+    assert changes(cloud.config)[-1][1:] == ("cars-delete", "delete")
+
+
+def test_concurrent_changes_get_consecutive_versions(cloud: CloudServer, models: dict) -> None:
+    _, onnx = models["late"]
+    before = changes(cloud.config)
+    statuses: list[int] = []
+
+    def create(index: int) -> None:
+        with cloud.client() as client:
+            statuses.append(client.post("/api/filters", **upload(spec_for(f"burst-{index}"), onnx)).status_code)
+
+    threads = [threading.Thread(target=create, args=(index,)) for index in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert statuses == [201] * 6
+    after = changes(cloud.config)
+    assert [version for version, _, _ in after] == list(range(1, len(after) + 1))  # no gap, no repeat
+    assert sorted(name for _, name, _ in after[len(before) :]) == [f"burst-{index}" for index in range(6)]
+
+
+REFUSALS = [
+    # (case, method, path, spec, model key or bytes, status, text in the detail)
+    ("malformed spec JSON", "post", "/api/filters", '{"name": "x",', "late", 400, "spec is not valid JSON"),
+    ("spec not an object", "post", "/api/filters", "[1, 2]", "late", 400, "send the filter spec as a JSON object"),
+    (
+        "unknown spec field",
+        "post",
+        "/api/filters",
+        '{"name": "x", "architecture": "full_frame", "tap": "late", "input_size": [128, 96], "colour": "red"}',
+        "late",
+        422,
+        "colour: Extra inputs are not permitted",
+    ),
+    (
+        "bad name",
+        "post",
+        "/api/filters",
+        spec_for("x").model_dump_json().replace('"x"', '"Bad Name!"'),
+        "late",
+        422,
+        "name:",
+    ),
+    (
+        "unknown tap",
+        "post",
+        "/api/filters",
+        spec_for("x").model_dump_json().replace('"late"', '"deep"'),
+        "late",
+        422,
+        "tap 'deep' is unknown",
+    ),
+    (
+        "input size not a multiple of 32",
+        "post",
+        "/api/filters",
+        spec_for("x").model_dump_json().replace("96", "100"),
+        "late",
+        422,
+        "multiples of 32",
+    ),
+    ("model for another tap", "post", "/api/filters", spec_for("x").model_dump_json(), "mid", 422, "retrain the MC"),
+    (
+        "model for another input size",
+        "post",
+        "/api/filters",
+        spec_for("x").model_dump_json(),
+        "small",
+        422,
+        "retrain the MC",
+    ),
+    (
+        "corrupt model",
+        "post",
+        "/api/filters",
+        spec_for("x").model_dump_json(),
+        b"\x08\x07not onnx at all",
+        422,
+        "not a valid ONNX file",
+    ),
+    ("empty model", "post", "/api/filters", spec_for("x").model_dump_json(), b"", 422, "not a valid ONNX file"),
+    (
+        "model just over the limit",
+        "post",
+        "/api/filters",
+        spec_for("x").model_dump_json(),
+        b"\0" * (MAX_UPLOAD + 1),
+        413,
+        "max_upload_bytes",
+    ),
+    (
+        "huge upload",
+        "post",
+        "/api/filters",
+        spec_for("x").model_dump_json(),
+        b"\0" * (3 * 2**20),
+        413,
+        "max_upload_bytes",
+    ),
+    ("missing model", "post", "/api/filters", spec_for("x").model_dump_json(), None, 422, "body.model: Field required"),
+    ("duplicate name", "post", "/api/filters", spec_for("existing").model_dump_json(), "late", 409, "already exists"),
+    (
+        "update of an unknown filter",
+        "put",
+        "/api/filters/nobody",
+        spec_for("nobody").model_dump_json(),
+        None,
+        404,
+        "no filter named 'nobody'",
+    ),
+    (
+        "rename by update",
+        "put",
+        "/api/filters/existing",
+        spec_for("other").model_dump_json(),
+        None,
+        422,
+        "cannot be renamed",
+    ),
+    (
+        "update whose spec the kept model does not fit",
+        "put",
+        "/api/filters/existing",
+        spec_for("existing").model_dump_json().replace('"late"', '"mid"'),
+        None,
+        422,
+        "retrain the MC",
+    ),
+    (
+        "update with a corrupt model",
+        "put",
+        "/api/filters/existing",
+        spec_for("existing").model_dump_json(),
+        b"junk",
+        422,
+        "not a valid ONNX file",
+    ),
+    ("delete of an unknown filter", "delete", "/api/filters/nobody", None, None, 404, "no filter named 'nobody'"),
+]
+
+
+@pytest.fixture(scope="module")
+def existing(cloud: CloudServer, models: dict) -> None:
+    with cloud.client() as client:
+        assert client.post("/api/filters", **upload(spec_for("existing"), models["late"][1])).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "spec", "model", "status", "detail"),
+    [case[1:] for case in REFUSALS],
+    ids=[case[0] for case in REFUSALS],
+)
+def test_bad_input_is_refused_and_changes_nothing(
+    cloud: CloudServer,
+    models: dict,
+    existing: None,
+    method: str,
+    path: str,
+    spec: str | None,
+    model: Any,
+    status: int,
+    detail: str,
+) -> None:
+    onnx = models[model][1] if isinstance(model, str) else model
+    before = db_state(cloud.config)
+    with cloud.client() as client:
+        response = client.request(method, path, **(upload(spec, onnx) if spec is not None else {}))
+    assert response.status_code == status, response.text
+    message = response.json()["detail"]
+    assert isinstance(message, str) and "\n" not in message
+    assert detail in message
+    assert db_state(cloud.config) == before
+
+
+def test_tokens_and_scopes(cloud: CloudServer, models: dict) -> None:
+    spec, onnx = spec_for("scoped"), models["late"][1]
+    before = db_state(cloud.config)
+    with cloud.client(token=None) as anonymous:
+        missing = anonymous.get("/api/filters")
+        assert missing.status_code == 401
+        assert missing.headers["www-authenticate"] == "Bearer"
+        assert "missing bearer token" in missing.json()["detail"]
+        assert anonymous.post("/api/filters", **upload(spec, onnx)).status_code == 401
+    with cloud.client(token="not-a-token-anyone-was-given") as stranger:
+        unknown = stranger.get("/api/filters")
+        assert unknown.status_code == 401
+        assert "unknown token" in unknown.json()["detail"]
+    with cloud.client(token=READ_ONLY) as viewer:
+        assert viewer.get("/api/filters").status_code == 200
+        refused = viewer.post("/api/filters", **upload(spec, onnx))
+        assert refused.status_code == 403
+        assert refused.json()["detail"] == "token 'viewer' lacks the 'write' scope: use a token that has it"
+        assert viewer.delete("/api/filters/existing").status_code == 403
+    with cloud.client(token=WRITE_ONLY) as uploader:
+        assert uploader.get("/api/filters").status_code == 403
+    assert db_state(cloud.config) == before
+
+
+def test_open_endpoints_and_docs(cloud: CloudServer) -> None:
+    with cloud.client(token=None) as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        assert client.get("/docs").status_code == 200
+        paths = client.get("/openapi.json").json()["paths"]
+        assert {"/api/filters", "/api/filters/{name}", "/api/filters/{name}/model", "/api/events"} <= set(paths)
+        assert "/static" not in paths
+        page = client.get("/")
+        assert page.status_code == 200
+        assert page.headers["content-type"].startswith("text/html")
+        assert client.get("/static/app.js").status_code == 200
+        assert client.get("/static/no-such-file.js").status_code == 404

@@ -1,0 +1,103 @@
+"""`filterforward cloud serve` as a user runs it: one-line errors for bad configs, overrides, clean shutdown."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from cloud_server import REPO, free_port, write_config
+
+GOOD_ZMQ = "zmq: {insecure: true, ingest_port: 15555, publish_port: 15556}\n"
+TOKENS = "tokens: [{name: ops, token: a-token-of-sixteen-chars}]\n"
+
+
+def serve(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "filterforward", "cloud", "serve", *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        (TOKENS + GOOD_ZMQ + "colour: red\n", "colour: Extra inputs are not permitted"),
+        (GOOD_ZMQ, "tokens: Field required"),
+        (TOKENS + "zmq: {ingest_port: 15555}\n", "set zmq.secret_key and zmq.edge_keys"),
+        (TOKENS + GOOD_ZMQ + "port: 0\n", "port: Input should be greater than or equal to 1"),
+        (
+            TOKENS + GOOD_ZMQ + "database_url: ${FF_TEST_UNSET_DATABASE}\n",
+            "the environment has no FF_TEST_UNSET_DATABASE",
+        ),
+        ("tokens: [unclosed\n", "is not valid YAML"),
+    ],
+    ids=["unknown key", "no tokens", "no keys and not insecure", "bad port", "unset variable", "not YAML"],
+)
+def test_a_bad_config_is_one_line_and_exit_code_2(tmp_path: Path, text: str, detail: str) -> None:
+    config = tmp_path / "cloud.yaml"
+    config.write_text(text)
+    result = serve("--config", str(config))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"filterforward cloud: error: config file {config}")
+    assert detail in lines[0]
+
+
+def test_a_missing_config_file(tmp_path: Path) -> None:
+    result = serve("--config", str(tmp_path / "absent.yaml"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"filterforward cloud: error: config file {tmp_path / 'absent.yaml'} does not exist"
+
+
+def test_a_bad_port_option(tmp_path: Path) -> None:
+    result = serve("--config", str(write_config(tmp_path)), "--port", "70000")
+    assert result.returncode == 2
+    assert "'70000' is not a TCP port (1-65535)" in result.stderr
+
+
+def test_a_port_in_use_stops_the_start_with_exit_code_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = serve("--config", str(write_config(tmp_path, zmq={"ingest_port": port})))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1] == "filterforward cloud: error: the cloud service did not start: see the error logged above"
+    assert f"cannot bind zmq.ingest_port to tcp://127.0.0.1:{port}" in result.stderr
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_with_overrides_logs_its_addresses_and_stops_cleanly(tmp_path: Path, stop: signal.Signals) -> None:
+    config = write_config(tmp_path)
+    port = free_port()
+    log = tmp_path / "cloud.log"
+    command = [sys.executable, "-m", "filterforward", "cloud", "serve", "--config", str(config)]
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [*command, "--host", "127.0.0.1", "--port", str(port)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while process.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert process.poll() is None, log.read_text()
+        process.send_signal(stop)
+        assert process.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log.read_text()
+    assert f"cloud service at http://127.0.0.1:{port} (API docs at /docs)" in text
+    assert "ingest on 127.0.0.1:" in text and "filter updates on 127.0.0.1:" in text
+    assert "cloud service stopping" in text

@@ -1,0 +1,392 @@
+"""The cloud ingest (ROUTER + PUB) with real Storage on SQLite, driven by raw DEALER/SUB sockets speaking
+edge/protocol.py on loopback, plain and with CURVE and the ZAP allow-list."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from sqlalchemy import select
+from zmq.utils.monitor import recv_monitor_message
+
+from cloud.config import CloudConfig, TokenConfig, ZmqConfig
+from cloud.db import Counter, Edge, Event, Filter, FilterChange, StoredFrame, make_engine, session_factory
+from cloud.framestore import FrameStore
+from cloud.ingest import Ingest
+from cloud.storage import Notification, Storage
+from edge.curve import create_keypair, load_public, make_client
+from edge.protocol import (
+    PROTOCOL,
+    TOPIC,
+    Ack,
+    Error,
+    EventHeader,
+    EventInfo,
+    FilterUpdate,
+    FrameHeader,
+    Heartbeat,
+    Hello,
+    SnapshotEnd,
+    SnapshotRequest,
+    decode,
+    encode,
+)
+from models.errors import FilterForwardError
+
+EDGE, RUN, CAMERA = "edge-1", "run-1", "gate"
+SIZE = (384, 224)
+TIMEOUT = 10.0  # seconds; only keeps a broken test from hanging
+
+
+def frame(seq: int, edge: str = EDGE, events: list[str] | None = None) -> FrameHeader:
+    return FrameHeader(
+        edge=edge,
+        run=RUN,
+        seq=seq,
+        camera=CAMERA,
+        frame=seq,
+        timestamp=seq / 10,
+        wall_time=1_700_000_000 + seq,
+        scores={"red": 0.9},
+        events=events or [],
+    )
+
+
+def stored_seqs(sessions: Any) -> list[int]:
+    with sessions() as session:
+        return sorted(session.scalars(select(StoredFrame.seq)))
+
+
+class Keys:
+    """The cloud's keypair and edge keypairs as `filterforward keys create` writes them; `allowed` is zmq.edge_keys."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.allowed = folder / "allowed"
+        self.allowed.mkdir(parents=True)
+        self.cloud_public, self.cloud_secret = create_keypair(folder, "cloud")
+
+    def edge(self, name: str, allowed: bool = True) -> Path:
+        public, secret = create_keypair(self.folder / "edges", name)
+        if allowed:
+            self.allow(public, name)
+        return secret
+
+    def allow(self, public: Path, edge: str) -> None:
+        shutil.copy(public, self.allowed / f"{edge}.key")
+
+
+class Client:
+    """A raw edge: a DEALER speaking the wire protocol (CURVE client when given its keys)."""
+
+    def __init__(self, context: zmq.Context, port: int, curve: tuple[Path, Path] | None = None) -> None:
+        self.socket = context.socket(zmq.DEALER)
+        self.socket.linger = 0
+        if curve is not None:
+            make_client(self.socket, *curve)
+        self.socket.connect(f"tcp://127.0.0.1:{port}")
+
+    def send(self, header: Any, payload: bytes = b"") -> None:
+        self.socket.send_multipart(encode(header, payload))
+
+    def recv(self) -> tuple[Any, bytes]:
+        assert self.socket.poll(TIMEOUT * 1000), "no reply from the ingest"
+        return decode(self.socket.recv_multipart())
+
+    def acked(self, count: int) -> list[int]:
+        """The seqs of the next acks, until `count` of them came (duplicates included)."""
+        seqs: list[int] = []
+        while len(seqs) < count:
+            header, _ = self.recv()
+            assert isinstance(header, Ack), header
+            seqs.extend(header.seqs)
+        return seqs
+
+
+class Cloud:
+    """A real Ingest + Storage on SQLite in `folder`; port 0 lets the ingest pick a free one."""
+
+    def __init__(self, folder: Path, keys: Keys | None = None, ingest_port: int = 0) -> None:
+        zmq_config = ZmqConfig(
+            bind="127.0.0.1",
+            insecure=keys is None,
+            secret_key=keys.cloud_secret if keys else None,
+            edge_keys=keys.allowed if keys else None,
+        ).model_copy(update={"ingest_port": ingest_port, "publish_port": 0})  # the schema has no 0: tests only
+        config = CloudConfig(data_dir=folder, tokens=[TokenConfig(name="test", token="t" * 16)], zmq=zmq_config)
+        self.keys = keys
+        self.engine = make_engine(config.db_url)
+        self.sessions = session_factory(self.engine)
+        self.store = FrameStore(folder / "frames")
+        self.storage = Storage(self.sessions, self.store, "http://cloud.test")
+        self.notified: list[Notification] = []
+        self.ingest = Ingest(config, self.storage, self.sessions, notify=self.notified.append)
+        self.context = zmq.Context()
+
+    def client(self, edge_secret: Path | None = None) -> Client:
+        curve = (edge_secret, self.keys.cloud_public) if self.keys else None
+        return Client(self.context, self.ingest.ports[0], curve)
+
+    def subscriber(self, edge_secret: Path | None = None) -> zmq.Socket:
+        sub = self.context.socket(zmq.SUB)
+        sub.linger = 0
+        if self.keys:
+            make_client(sub, edge_secret, self.keys.cloud_public)
+        sub.subscribe(TOPIC)
+        sub.connect(f"tcp://127.0.0.1:{self.ingest.ports[1]}")
+        return sub
+
+    def add(self, *rows: Any) -> None:
+        with self.sessions.begin() as session:
+            session.add_all(rows)
+
+    def close(self) -> None:
+        self.ingest.stop()
+        self.context.destroy(linger=0)
+        self.engine.dispose()
+
+
+@pytest.fixture
+def make_cloud(tmp_path: Path) -> Iterator[Callable[..., Cloud]]:
+    clouds: list[Cloud] = []
+
+    def start(keys: Keys | None = None, before_start: Callable[[Cloud], None] | None = None) -> Cloud:
+        cloud = Cloud(tmp_path / f"cloud-{len(clouds)}", keys)
+        clouds.append(cloud)
+        if before_start is not None:
+            before_start(cloud)
+        cloud.ingest.start()
+        return cloud
+
+    yield start
+    for cloud in clouds:
+        cloud.close()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Keys:
+    return Keys(tmp_path / "keys")
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_frame_is_stored_then_acked_and_ports_are_picked(make_cloud) -> None:
+    cloud = make_cloud()
+    assert all(port > 0 for port in cloud.ingest.ports)
+    client = cloud.client()
+    client.send(frame(7), b"jpeg bytes")
+    assert client.acked(1) == [7]
+    with cloud.sessions() as session:
+        row = session.scalars(select(StoredFrame)).one()
+    assert (row.edge_id, row.seq, row.camera) == (EDGE, 7, CAMERA)
+    assert cloud.store.open_path(row.path).read_bytes() == b"jpeg bytes"
+    assert {name: cloud.ingest.counts[name] for name in ("received", "stored", "acked")} == {
+        "received": 1,
+        "stored": 1,
+        "acked": 1,
+    }
+
+
+def test_same_seq_twice_is_stored_once_and_acked_twice(make_cloud) -> None:
+    cloud = make_cloud()
+    client = cloud.client()
+    client.send(frame(3), b"first")
+    client.send(frame(3), b"first")
+    assert client.acked(2) == [3, 3]
+    assert stored_seqs(cloud.sessions) == [3]
+    assert (cloud.ingest.counts["stored"], cloud.ingest.counts["duplicates"]) == (1, 1)
+
+
+BAD_MESSAGES = {
+    "garbage": [b"\x00\xff garbage", b"\x13\x37", b"more"],
+    "one frame": [b"just one frame"],
+    "bad JSON": [PROTOCOL, b"{not json", b""],
+    "bad header": [PROTOCOL, b'{"type": "frame", "edge": "edge-1"}', b""],
+    "cloud-only kind": encode(Ack(seqs=[1])),
+}
+
+
+def test_malformed_messages_are_counted_answered_and_ingest_goes_on(make_cloud) -> None:
+    cloud = make_cloud()
+    with socket.create_connection(("127.0.0.1", cloud.ingest.ports[0])) as raw:  # not even ZMTP
+        raw.sendall(b"GET / HTTP/1.0\r\n\r\n" * 10)
+    client = cloud.client()
+    errors = []
+    for frames in BAD_MESSAGES.values():
+        client.socket.send_multipart(frames)
+        header, _ = client.recv()
+        assert isinstance(header, Error)
+        errors.append(header.message)
+    assert "expected 3 frames" in errors[1] and "not JSON" in errors[2] and "invalid header" in errors[3]
+    client.send(frame(1), b"ok")
+    assert client.acked(1) == [1]
+    assert stored_seqs(cloud.sessions) == [1]
+    assert cloud.ingest.counts["malformed"] == len(BAD_MESSAGES)
+    with cloud.sessions() as session:
+        assert session.get(Counter, "malformed").value == len(BAD_MESSAGES)
+
+
+def test_heartbeat_hello_and_event_notifications(make_cloud) -> None:
+    cloud = make_cloud()
+    client = cloud.client()
+    client.send(Heartbeat(sender=EDGE))
+    header, _ = client.recv()
+    assert header == Heartbeat(sender=cloud.ingest.session_id)
+    client.send(Hello(edge=EDGE, run=RUN, cameras=[CAMERA], filters_version=4))
+    info = EventInfo(id="e1", filter="red", camera=CAMERA, start_frame=10, start_time=1.0, peak_score=0.9)
+    client.send(EventHeader(edge=EDGE, run=RUN, seq=1, phase="start", wall_time=1_700_000_000, event=info))
+    client.send(frame(2, events=["e1"]), b"jpeg")
+    assert sorted(client.acked(2)) == [1, 2]
+    assert [(n.phase, n.event["uid"]) for n in cloud.notified] == [("start", f"{EDGE}/{RUN}/e1")]
+    with cloud.sessions() as session:
+        assert session.scalars(select(Event.start_notified)).one() is True
+        edge = session.get(Edge, EDGE)
+        assert (edge.run, edge.filters_version, edge.public_key) == (RUN, 4, None)
+
+
+def test_a_message_that_fails_to_store_is_not_acked_and_its_resend_is(make_cloud) -> None:
+    cloud = make_cloud()
+    frames_dir = cloud.store.root / "frames"
+    frames_dir.write_text("a file where the frames folder goes: every frame write fails")
+    client = cloud.client()
+    client.send(frame(1), b"jpeg")
+    client.send(Heartbeat(sender=EDGE))  # answered: the loop goes on
+    header, _ = client.recv()
+    assert isinstance(header, Heartbeat)
+    assert cloud.ingest.counts["failed"] == 1 and cloud.ingest.counts["acked"] == 0
+    frames_dir.unlink()
+    client.send(frame(1), b"jpeg")
+    assert client.acked(1) == [1]
+    assert stored_seqs(cloud.sessions) == [1]
+
+
+def test_curve_allowed_edge_is_stored_with_its_key(make_cloud, keys: Keys) -> None:
+    secret = keys.edge(EDGE)
+    cloud = make_cloud(keys)
+    client = cloud.client(secret)
+    client.send(Hello(edge=EDGE, run=RUN, cameras=[CAMERA]))
+    client.send(frame(1), b"jpeg")
+    assert client.acked(1) == [1]
+    with cloud.sessions() as session:
+        assert session.get(Edge, EDGE).public_key == load_public(secret).decode()
+    assert cloud.ingest.counts["unauthenticated"] == 0
+
+
+def test_curve_key_not_on_the_allow_list_is_refused_until_added(make_cloud, keys: Keys) -> None:
+    secret = keys.edge("edge-2", allowed=False)
+    cloud = make_cloud(keys)
+    client = cloud.client(secret)
+    monitor = client.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    client.send(frame(1, edge="edge-2"), b"jpeg")
+    assert monitor.poll(TIMEOUT * 1000), "no handshake failure seen"
+    assert recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    assert cloud.ingest.counts["unauthenticated"] >= 1 and cloud.ingest.counts["received"] == 0
+    assert stored_seqs(cloud.sessions) == []
+    with cloud.sessions() as session:
+        assert session.get(Counter, "unauthenticated").value >= 1
+    client.socket.disable_monitor()
+
+    keys.allow(keys.folder / "edges" / "edge-2.key", "edge-2")  # no restart: the folder is re-read
+    allowed = cloud.client(secret)
+    allowed.send(frame(1, edge="edge-2"), b"jpeg")
+    assert allowed.acked(1) == [1]
+
+
+def test_curve_edge_naming_another_edge_is_refused(make_cloud, keys: Keys) -> None:
+    secret = keys.edge(EDGE)
+    keys.edge("edge-2")
+    cloud = make_cloud(keys)
+    client = cloud.client(secret)
+    client.send(frame(1, edge="edge-2"), b"jpeg")
+    header, _ = client.recv()
+    assert isinstance(header, Error) and "belongs to edge 'edge-1'" in header.message
+    assert cloud.ingest.counts["unauthenticated"] == 1 and cloud.ingest.counts["acked"] == 0
+    client.send(frame(2), b"jpeg")  # its own id still works
+    assert client.acked(1) == [2]
+    assert stored_seqs(cloud.sessions) == [2]
+
+
+def filter_rows(make_filter, name: str, revision: int) -> tuple[Filter, bytes]:
+    spec, onnx = make_filter("full_frame", "late", SIZE, name=name)
+    return Filter(name=name, spec=spec.model_dump(mode="json"), onnx=onnx, revision=revision), onnx
+
+
+def test_snapshot_sends_every_filter_then_the_version(make_cloud, make_filter) -> None:
+    cloud = make_cloud()
+    client = cloud.client()
+    client.send(SnapshotRequest(edge=EDGE))
+    assert client.recv() == (SnapshotEnd(version=0), b"")
+
+    red, red_onnx = filter_rows(make_filter, "red", revision=3)
+    bus, bus_onnx = filter_rows(make_filter, "bus", revision=2)
+    changes = [FilterChange(version=v, name=n, action="put") for v, n in ((1, "red"), (2, "bus"), (3, "red"))]
+    cloud.add(red, bus, FilterChange(version=4, name="gone", action="delete"), *changes)
+    client.send(SnapshotRequest(edge=EDGE))
+    replies = [client.recv() for _ in range(3)]
+    assert [(h.name, h.version, h.action, p) for h, p in replies[:2]] == [
+        ("bus", 2, "put", bus_onnx),
+        ("red", 3, "put", red_onnx),
+    ]
+    assert replies[0][0].spec.name == "bus"
+    assert replies[2] == (SnapshotEnd(version=4), b"")
+    assert cloud.ingest.counts["snapshots"] == 2
+
+
+def test_filter_changes_are_published_in_order_over_curve(make_cloud, make_filter, keys: Keys) -> None:
+    secret = keys.edge(EDGE)
+    red, red_onnx = filter_rows(make_filter, "red", revision=1)
+    cloud = make_cloud(keys, before_start=lambda c: c.add(red, FilterChange(version=1, name="red", action="put")))
+    sub = cloud.subscriber(secret)
+    version, deadline = 1, time.monotonic() + TIMEOUT
+    while not sub.poll(200):  # a SUB misses what goes out before its subscription arrives: publish until one lands
+        assert time.monotonic() < deadline, "no filter change published"
+        version += 1
+        cloud.add(FilterChange(version=version, name="red", action="put"))
+    cloud.add(FilterChange(version=version + 1, name="red", action="delete"))
+    updates = []
+    while not updates or updates[-1][0].action != "delete":
+        assert sub.poll(TIMEOUT * 1000), "filter change not published"
+        topic, *message = sub.recv_multipart()
+        assert topic == TOPIC
+        updates.append(decode(message))
+    first = updates[0][0].version
+    assert first > 1  # the change from before the start is not published
+    assert [header.version for header, _ in updates] == list(range(first, version + 2))
+    assert all((h.action, h.name, p) == ("put", "red", red_onnx) for h, p in updates[:-1])
+    assert updates[-1] == (FilterUpdate(version=version + 1, action="delete", name="red"), b"")
+    wait_until(lambda: cloud.ingest.counts["published"] == version)  # versions 2..version+1: counted after sending
+
+
+def test_stop_releases_the_ports(make_cloud) -> None:
+    cloud = make_cloud()
+    ports = cloud.ingest.ports
+    cloud.ingest.stop()
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_start_refuses_a_missing_allow_list_and_a_busy_port(tmp_path: Path, keys: Keys) -> None:
+    shutil.rmtree(keys.allowed)
+    cloud = Cloud(tmp_path / "no-keys", keys)
+    with pytest.raises(FilterForwardError, match=r"zmq\.edge_keys folder .* does not exist"):
+        cloud.ingest.start()
+    cloud.close()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        cloud = Cloud(tmp_path / "busy", ingest_port=busy.getsockname()[1])
+        with pytest.raises(FilterForwardError, match=r"cannot bind zmq\.ingest_port"):
+            cloud.ingest.start()
+        cloud.close()
