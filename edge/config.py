@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge.configfile import read_config, resolve
 from models.taps import check_input_size
@@ -26,6 +26,41 @@ class SinkConfig(BaseModel):
     path: Path = Field(Path("filterforward-out"), description="folder for matched frames, clips and events.jsonl")
 
 
+class CloudLink(BaseModel):
+    """The ZeroMQ link to the cloud: its ingest ROUTER (uplink) and filter PUB, with CURVE unless insecure."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = Field(min_length=1, description="the cloud's host name or IP address")
+    ingest_port: int = Field(5555, ge=1, le=65535)
+    publish_port: int = Field(5556, ge=1, le=65535)
+    server_key: Path | None = Field(None, description="the cloud's PUBLIC key file (filterforward keys)")
+    secret_key: Path | None = Field(None, description="this edge's .key_secret file (its public half inside)")
+    insecure: bool = Field(False, description="no CURVE: only for loopback tests and demos; the cloud must match")
+    window: int = Field(64, ge=1, le=10000, description="credit: max unacknowledged messages in flight")
+    heartbeat: float = Field(1.0, gt=0, description="seconds between heartbeats")
+    timeout: float = Field(5.0, gt=0, description="the cloud is shown unreachable after this many silent seconds")
+
+    @model_validator(mode="after")
+    def _keys_or_insecure(self) -> CloudLink:
+        if not self.insecure and (self.server_key is None or self.secret_key is None):
+            raise ValueError(
+                "set cloud.server_key and cloud.secret_key (create them with `filterforward keys create`), "
+                "or cloud.insecure: true for a loopback test"
+            )
+        return self
+
+    def endpoint(self, port: int) -> str:
+        return f"tcp://{self.address}:{port}"
+
+
+class SpoolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path = Field(Path("spool"), description="folder of the uplink's message spool (a SQLite file inside)")
+    max_bytes: int = Field(2**30, gt=0, description="over this the spool drops its oldest messages")
+
+
 class EdgeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -36,6 +71,8 @@ class EdgeConfig(BaseModel):
     cameras: list[CameraConfig] = Field(min_length=1)
     filters: list[Path] = Field(default_factory=list, description="filter bundle folders to load at start")
     sink: SinkConfig = SinkConfig()
+    cloud: CloudLink | None = Field(None, description="send to the cloud instead of the sink folder")
+    spool: SpoolConfig = SpoolConfig()
     stats_interval: float = Field(10.0, gt=0, description="seconds between stats log lines")
 
     @field_validator("input_size")
@@ -61,5 +98,12 @@ def _resolve_paths(config: EdgeConfig, base: Path) -> EdgeConfig:
             "filters": [resolve(p, base) for p in config.filters],
             "base_model": resolve(config.base_model, base) if config.base_model else None,
             "sink": SinkConfig(path=resolve(config.sink.path, base)),
+            "cloud": _resolve_keys(config.cloud, base) if config.cloud else None,
+            "spool": config.spool.model_copy(update={"path": resolve(config.spool.path, base)}),
         }
     )
+
+
+def _resolve_keys(link: CloudLink, base: Path) -> CloudLink:
+    keys = {name: resolve(getattr(link, name), base) for name in ("server_key", "secret_key") if getattr(link, name)}
+    return link.model_copy(update=keys)

@@ -12,10 +12,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     run_parser = actions.add_parser(
         "run",
-        help="filter the configured cameras; matched frames and events go to the sink folder",
+        help="filter the configured cameras; matched frames and events go to the cloud or the sink folder",
         description="Runs the base DNN once per frame on every configured camera, every loaded filter on its "
-        "taps, and writes matched frames (JPEG), event clips and events.jsonl to the sink folder. Logs a stats "
-        "line per camera every stats_interval seconds. Stops at the end of file sources or on Ctrl-C/SIGTERM.",
+        "taps, and sends matched frames (JPEG), event clips and events to the cloud when `cloud:` is configured "
+        "(spooled on disk until acknowledged; the cloud's filters are applied as they change), else writes them "
+        "with events.jsonl to the sink folder. Logs a stats line per camera every stats_interval seconds. Stops "
+        "at the end of file sources or on Ctrl-C/SIGTERM.",
     )
     run_parser.add_argument("--config", type=Path, required=True, help="edge YAML file")
     run_parser.set_defaults(func=run)

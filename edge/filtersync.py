@@ -1,0 +1,216 @@
+"""Keeps the edge's MC bank in step with the cloud's filter registry (the ZeroMQ guide's Clone pattern).
+
+A SUB socket receives every filter change the cloud publishes, each one version above the last. Once that
+socket is connected (so no change published from now on is missed), a snapshot is requested over the
+uplink's DEALER: one FilterUpdate per current filter, then SnapshotEnd with the version it reflects. The
+snapshot replaces the cloud-managed filters in the bank; changes published meanwhile are held and applied
+after it, in order, when above its version. A gap in the versions, a reconnect of the SUB socket or a new
+cloud session (the cloud restarted) means something may have been missed: a new snapshot is requested.
+
+Filters from local bundles in the edge config stay unless the cloud has one of the same name (and come
+back when the cloud deletes it). Filters that apply to none of this edge's cameras are kept out of the
+bank. A filter that fails to load here (say, trained at another input size) is logged, counted in
+`errors` and skipped; the rest of the change set still applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import zmq
+
+from edge.config import CloudLink
+from edge.mcbank import MCBank
+from edge.protocol import TOPIC, FilterUpdate, ProtocolError, SnapshotEnd, decode
+from edge.uplink import Uplink, Waker, open_socket
+from models.filterspec import FilterSpec
+
+log = logging.getLogger(__name__)
+
+Update = tuple[FilterUpdate, bytes]
+_RESNAPSHOT = "resnapshot"  # queued when the uplink reports a new cloud session
+
+
+class FilterSync:
+    """Applies the cloud's filters to `bank`; `version` is the filter-set version the bank reflects."""
+
+    def __init__(
+        self,
+        bank: MCBank,
+        uplink: Uplink,
+        link: CloudLink,
+        cameras: list[str],
+        local: dict[str, tuple[FilterSpec, bytes]] | None = None,
+    ):
+        self.bank = bank
+        self.uplink = uplink
+        self.link = link
+        self.cameras = list(cameras)
+        self.local = dict(local or {})  # name -> (spec, onnx) from the edge config's bundles
+        self.version = 0
+        self.errors = 0
+        self.synced = threading.Event()  # set once the first snapshot is applied
+        self._cloud: dict[str, int] = {}  # names the cloud governs -> version of the change last applied
+        self._from_uplink: queue.SimpleQueue[tuple[FilterUpdate | SnapshotEnd, bytes] | str] = queue.SimpleQueue()
+        # Parts of the snapshot being received: replies come whole and in order, so the parts since the last
+        # SnapshotEnd belong to the next one.
+        self._snapshot: dict[str, Update] = {}
+        self._awaiting_since: float | None = None  # when the outstanding snapshot was requested
+        self._held: list[Update] = []  # published changes that arrived while awaiting a snapshot
+        self._waker = Waker()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="filtersync", daemon=True)
+        uplink.listen(self._dealer_message, self._session_changed)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._waker.wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._waker.close()
+
+    # -- called from the uplink's network thread ---------------------------------------------------------
+
+    def _dealer_message(self, header: FilterUpdate | SnapshotEnd, payload: bytes) -> None:
+        self._from_uplink.put((header, payload))
+        self._waker.wake()
+
+    def _session_changed(self) -> None:
+        self._from_uplink.put(_RESNAPSHOT)
+        self._waker.wake()
+
+    # -- the sync thread ---------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        sub, monitor = open_socket(zmq.SUB, self.link, self.link.publish_port, report=False)  # the uplink reports
+        sub.subscribe(TOPIC)
+        poller = zmq.Poller()
+        for source in (sub, monitor.socket, self._waker.reader):
+            poller.register(source, zmq.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                poller.poll(1000 * self.link.heartbeat)
+                self._waker.clear()
+                if zmq.EVENT_HANDSHAKE_SUCCEEDED in monitor.events():
+                    self._request_snapshot("connected")  # the subscription is in place: nothing new is missed
+                self._receive_published(sub)
+                self._receive_from_uplink()
+                self._retry_snapshot()
+        except Exception:
+            log.exception("filter sync with %s failed; the bank keeps its filters", monitor.endpoint)
+        finally:
+            monitor.close()
+            sub.close(linger=0)
+
+    def _receive_published(self, sub: zmq.Socket) -> None:
+        while sub.poll(0):
+            frames = sub.recv_multipart()
+            try:
+                header, payload = decode(frames[1:])
+            except ProtocolError as exc:
+                log.warning("unreadable filter update from the cloud: %s", exc)
+                continue
+            if not isinstance(header, FilterUpdate):
+                log.warning("unexpected %s message on the filter channel; ignored", header.type)
+            elif self._awaiting_since is not None:
+                self._held.append((header, payload))
+            else:
+                self._apply_published(header, payload)
+
+    def _receive_from_uplink(self) -> None:
+        while not self._from_uplink.empty():
+            message = self._from_uplink.get()
+            if message == _RESNAPSHOT:
+                self._snapshot = {}  # parts of a reply the old cloud process did not finish
+                self._request_snapshot("the cloud restarted")
+                continue
+            header, payload = message
+            if isinstance(header, FilterUpdate):
+                self._snapshot[header.name] = (header, payload)
+            else:
+                self._end_snapshot(header.version)
+
+    def _retry_snapshot(self) -> None:
+        if self._awaiting_since is not None and time.monotonic() - self._awaiting_since > self.link.timeout:
+            self._request_snapshot(f"no snapshot within {self.link.timeout:g} s")
+
+    def _request_snapshot(self, why: str) -> None:
+        log.debug("requesting a filter snapshot: %s", why)
+        self._awaiting_since = time.monotonic()
+        self.uplink.request_snapshot()
+
+    def _end_snapshot(self, version: int) -> None:
+        snapshot, self._snapshot = self._snapshot, {}
+        if self._awaiting_since is None and version <= self.version:
+            return  # the answer to an extra request, no newer than what the bank has
+        self._awaiting_since = None
+        for name in [name for name in self._cloud if name not in snapshot]:
+            self._drop(name)
+        for header, payload in snapshot.values():
+            self._put(header, payload)
+        self._set_version(version)
+        log.info("filters in step with the cloud at version %d: %s", version, sorted(self.bank.filters) or "none")
+        held, self._held = self._held, []
+        for header, payload in sorted(held, key=lambda update: update[0].version):
+            if self._awaiting_since is None:  # a gap among them asks for another snapshot
+                self._apply_published(header, payload)
+        self.synced.set()
+
+    def _apply_published(self, header: FilterUpdate, payload: bytes) -> None:
+        if header.version <= self.version:
+            return  # already reflected by the snapshot
+        if header.version > self.version + 1:
+            log.warning("filter updates jumped from version %d to %d", self.version, header.version)
+            self._request_snapshot("gap in the versions")
+            return
+        if header.action == "put":
+            self._put(header, payload)
+        elif header.name in self._cloud:
+            self._drop(header.name)
+        self._set_version(header.version)
+
+    def _set_version(self, version: int) -> None:
+        self.version = version
+        self.uplink.filters_version = version
+
+    # -- changes to the bank -----------------------------------------------------------------------------
+
+    def _put(self, header: FilterUpdate, payload: bytes) -> None:
+        if self._cloud.get(header.name) == header.version:
+            return  # unchanged since we applied it
+        self._cloud[header.name] = header.version
+        spec = header.spec
+        if spec is None:
+            self._failed(header, "the update carries no spec")
+        elif not any(spec.applies_to(camera) for camera in self.cameras):
+            self.bank.remove(spec.name)
+            log.info("filter %s is for cameras %s, none of them here; not loaded", spec.name, spec.cameras)
+        else:
+            try:
+                self.bank.put(spec, payload)
+            except Exception as exc:  # a model the cloud accepted can still fail here; ONNX Runtime raises many types
+                self._failed(header, str(exc))
+
+    def _drop(self, name: str) -> None:
+        """The cloud no longer has `name`: the local bundle of that name comes back, or the filter goes."""
+        del self._cloud[name]
+        if name in self.local:
+            self.bank.put(*self.local[name])
+            log.info("filter %s deleted in the cloud: the local bundle of that name is active again", name)
+        else:
+            self.bank.remove(name)
+
+    def _failed(self, header: FilterUpdate, why: str) -> None:
+        self.errors += 1
+        log.error(
+            "filter %s (version %d) from the cloud cannot run on this edge: %s; skipped",
+            header.name,
+            header.version,
+            why,
+        )

@@ -1,0 +1,170 @@
+"""Filter distribution (Clone pattern) from a real cloud registry and ingest into a real MC bank on the edge."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from test_uplink import EDGE, Cloud, Keys, wait_until
+
+from cloud.db import Camera, Edge, Filter, FilterChange
+from cloud.db import Event as EventRow
+from cloud.registry import Registry
+from edge.config import CameraConfig, EdgeConfig, SpoolConfig
+from edge.filtersync import FilterSync
+from edge.mcbank import MCBank
+from edge.node import EdgeNode
+from edge.uplink import Uplink
+from models.filterspec import FilterSpec
+from models.taps import EFFICIENTNET_LITE0_TAPS
+
+SIZE = (128, 96)
+
+
+class Edgeside:
+    """An edge's bank, uplink and filter sync, as the edge node wires them."""
+
+    def __init__(self, cloud: Cloud, folder: Path, local: Sequence[tuple[FilterSpec, bytes]] = ()):
+        self.bank = MCBank(EFFICIENTNET_LITE0_TAPS, SIZE, workers=1)
+        self.bank.put_many(list(local))
+        link = cloud.link(cloud.keys.edge(EDGE) if cloud.keys else None)
+        self.uplink = Uplink(EDGE, ["gate"], link, SpoolConfig(path=folder / "spool"))
+        self.sync = FilterSync(
+            self.bank, self.uplink, link, ["gate"], {spec.name: (spec, onnx) for spec, onnx in local}
+        )
+        self.uplink.start()
+        self.sync.start()
+        assert self.sync.synced.wait(30)
+
+    def close(self) -> None:
+        self.sync.close()
+        self.uplink.close()
+        self.bank.close()
+
+
+@pytest.fixture(params=["insecure"])
+def cloud(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cloud]:
+    """The cloud; a test parametrized indirectly with "curve" gets one with CURVE and an edge allow-list."""
+    cloud = Cloud(tmp_path / "cloud", Keys(tmp_path / "keys") if request.param == "curve" else None)
+    cloud.start()
+    yield cloud
+    cloud.stop()
+
+
+@pytest.fixture
+def registry(cloud: Cloud) -> Registry:
+    return Registry(cloud.sessions, 16 * 2**20)
+
+
+@pytest.mark.parametrize("cloud", ["insecure", "curve"], indirect=True)
+def test_snapshot_then_put_update_and_delete_reach_the_bank_in_order(
+    cloud: Cloud, registry: Registry, make_filter, tmp_path: Path
+) -> None:
+    spec_a, onnx_a = make_filter("full_frame", "late", SIZE, name="a")
+    registry.create(spec_a, onnx_a)
+    edge = Edgeside(cloud, tmp_path)
+    assert set(edge.bank.filters) == {"a"} and edge.sync.version == 1  # from the snapshot
+
+    registry.create(*make_filter("localized", "late", SIZE, name="b"))
+    wait_until(lambda: edge.sync.version == 2)
+    assert set(edge.bank.filters) == {"a", "b"}
+
+    registry.update("a", spec_a.model_copy(update={"event": "renamed"}), None)
+    wait_until(lambda: edge.sync.version == 3)
+    assert edge.bank.filters["a"].version == 2 and edge.bank.filters["a"].event == "renamed"
+
+    registry.delete("b")
+    wait_until(lambda: edge.sync.version == 4)
+    assert set(edge.bank.filters) == {"a"}
+
+    def announced() -> int:
+        with cloud.sessions() as session:
+            return session.get(Edge, EDGE).filters_version
+
+    wait_until(lambda: announced() == 4)  # the edge tells the cloud which version it runs
+    edge.close()
+
+
+def test_local_filters_other_cameras_and_filters_that_cannot_load(
+    cloud: Cloud, registry: Registry, make_filter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    mine = make_filter("full_frame", "late", SIZE, name="mine")
+    shared = make_filter("full_frame", "late", SIZE, name="shared", event="local")
+    edge = Edgeside(cloud, tmp_path, local=[mine, shared])
+    assert set(edge.bank.filters) == {"mine", "shared"} and edge.sync.version == 0
+
+    registry.create(*make_filter("full_frame", "late", SIZE, name="shared", event="cloud"))
+    registry.create(*make_filter("full_frame", "late", SIZE, name="elsewhere", cameras=["other-camera"]))
+    with caplog.at_level("ERROR", logger="edge.filtersync"):
+        registry.create(*make_filter("full_frame", "late", (160, 96), name="wrong-size"))
+        wait_until(lambda: edge.sync.version == 3)
+    assert edge.bank.filters["shared"].event == "cloud"  # the cloud's filter of a local name wins
+    assert set(edge.bank.filters) == {"mine", "shared"}  # not for this edge's cameras; cannot run here
+    assert edge.sync.errors == 1 and "filter wrong-size (version 3)" in caplog.text
+
+    registry.delete("shared")
+    wait_until(lambda: edge.sync.version == 4)
+    assert edge.bank.filters["shared"].event == "local"  # the local bundle is back
+    edge.close()
+
+
+def test_a_gap_in_the_versions_brings_a_new_snapshot(
+    cloud: Cloud, registry: Registry, make_filter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry.create(*make_filter("full_frame", "late", SIZE, name="a"))
+    edge = Edgeside(cloud, tmp_path)
+    spec, onnx = make_filter("full_frame", "late", SIZE, name="c")
+    with cloud.sessions.begin() as session:  # version 2 is lost: the ingest publishes 3 only
+        session.add(Filter(name="c", spec=spec.model_dump(mode="json"), onnx=onnx, revision=3))
+        session.add(FilterChange(version=3, name="c", action="put"))
+    with caplog.at_level("WARNING", logger="edge.filtersync"):
+        wait_until(lambda: edge.sync.version == 3)
+    assert "jumped from version 1 to 3" in caplog.text
+    assert set(edge.bank.filters) == {"a", "c"}
+    edge.close()
+
+
+def test_after_a_cloud_restart_the_edge_catches_up(
+    cloud: Cloud, registry: Registry, make_filter, tmp_path: Path
+) -> None:
+    registry.create(*make_filter("full_frame", "late", SIZE, name="a"))
+    edge = Edgeside(cloud, tmp_path)
+    cloud.stop()
+    registry.delete("a")  # changed while no ingest runs to publish it
+    registry.create(*make_filter("full_frame", "late", SIZE, name="d"))
+    cloud.start()
+    wait_until(lambda: edge.sync.version == 3)
+    assert set(edge.bank.filters) == {"d"}
+    with cloud.sessions() as session:
+        assert session.scalar(select(Filter.name)) == "d"
+    edge.close()
+
+
+def test_an_edge_node_runs_the_cloud_s_filters_and_sends_its_matches_up(
+    cloud: Cloud, registry: Registry, make_filter, short_clip: Path, base_model: Path, tmp_path: Path
+) -> None:
+    registry.create(*make_filter("full_frame", "late", SIZE, name="always", bias=10.0))
+    config = EdgeConfig(
+        edge_id=EDGE,
+        base_model=base_model,
+        input_size=SIZE,
+        cameras=[CameraConfig(name="gate", source=str(short_clip), pacing="every-frame")],
+        cloud=cloud.link(),
+        spool=SpoolConfig(path=tmp_path / "spool"),
+        stats_interval=0.2,
+    )
+    node = EdgeNode(config)
+    assert node.sink is node.uplink
+    node.run()  # to the end of the 40-frame clip; waits for the cloud to take everything
+
+    assert node.uplink.spool.messages == 0
+    last = node.uplink.spool.last_seq  # the event's end; its start went before the 40 frames
+    assert sorted(cloud.stored_seqs()) == list(range(last - 40, last))
+    with cloud.sessions() as session:
+        event = session.scalar(select(EventRow))
+        assert (event.filter, event.start_frame, event.end_frame) == ("always", 0, 39)
+        camera = session.get(Camera, (EDGE, "gate"))
+        assert camera.stats["online"] is False  # the last stats, sent on the way out
+        assert session.get(Edge, EDGE).filters_version == 1

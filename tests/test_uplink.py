@@ -1,0 +1,335 @@
+"""The uplink against a real cloud ingest and storage (SQLite in tmp_path), on loopback, plain and with CURVE."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import yaml
+from sqlalchemy import func, select
+
+from cloud.config import CloudConfig, TokenConfig, ZmqConfig
+from cloud.db import Camera, Edge, EventFrame, StoredFrame, make_engine, session_factory
+from cloud.db import Event as EventRow
+from cloud.framestore import FrameStore
+from cloud.ingest import Ingest
+from cloud.storage import Storage
+from edge.config import CloudLink, SpoolConfig, load_edge_config
+from edge.curve import create_keypair
+from edge.sink import MatchedFrame
+from edge.smoother import Event
+from edge.uplink import Uplink
+from models.errors import FilterForwardError
+
+EDGE = "edge-1"
+JPEG = cv2.imencode(".jpg", np.full((48, 64, 3), 200, np.uint8))[1].tobytes()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Polls `condition` until true; the timeout only keeps a broken test from hanging."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+class Keys:
+    """CURVE keypairs as `filterforward keys create` writes them: the cloud's, and edges' (allowed or not)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.allowed = folder / "allowed"
+        self.allowed.mkdir(parents=True)
+        _, self.cloud_secret = create_keypair(folder / "cloud", "cloud")
+        self.cloud_public = folder / "cloud" / "cloud.key"
+
+    def edge(self, name: str, allowed: bool = True) -> Path:
+        """The edge's .key_secret file; its public key goes on the cloud's allow-list when `allowed`."""
+        public, secret = create_keypair(self.folder / "edges", name)
+        if allowed:
+            shutil.copy(public, self.allowed / public.name)
+        return secret
+
+
+class Cloud:
+    """The cloud's ingest (ROUTER + PUB) and storage on SQLite in `folder`; stop() and start() keep ports and DB."""
+
+    def __init__(self, folder: Path, keys: Keys | None = None):
+        zmq_config = ZmqConfig(
+            bind="127.0.0.1",
+            ingest_port=free_port(),
+            publish_port=free_port(),
+            insecure=keys is None,
+            secret_key=keys.cloud_secret if keys else None,
+            edge_keys=keys.allowed if keys else None,
+            heartbeat=0.2,
+        )
+        self.config = CloudConfig(data_dir=folder, tokens=[TokenConfig(name="test", token="t" * 16)], zmq=zmq_config)
+        self.keys = keys
+        self.sessions = session_factory(make_engine(self.config.db_url))
+        self.ingest: Ingest | None = None
+
+    def start(self) -> None:
+        storage = Storage(self.sessions, FrameStore(self.config.data_dir / "store"), self.config.base_url)
+        self.ingest = Ingest(self.config, storage, self.sessions, notify=lambda _notification: None)
+        self.ingest.start()
+
+    def stop(self) -> None:
+        if self.ingest is not None:
+            self.ingest.stop()
+            self.ingest = None
+
+    def link(self, secret_key: Path | None = None, **fields: object) -> CloudLink:
+        """How an edge reaches this cloud (CURVE with `secret_key` when the cloud has keys)."""
+        keys = {"server_key": self.keys.cloud_public, "secret_key": secret_key} if self.keys else {"insecure": True}
+        settings = {"heartbeat": 0.2, "timeout": 1.0, "window": 8, **keys, **fields}
+        return CloudLink(
+            address="127.0.0.1",
+            ingest_port=self.config.zmq.ingest_port,
+            publish_port=self.config.zmq.publish_port,
+            **settings,
+        )
+
+    def stored_seqs(self, edge: str = EDGE) -> list[int]:
+        with self.sessions() as session:
+            return list(session.scalars(select(StoredFrame.seq).where(StoredFrame.edge_id == edge)))
+
+
+@pytest.fixture
+def cloud(tmp_path: Path) -> Iterator[Cloud]:
+    cloud = Cloud(tmp_path / "cloud")
+    cloud.start()
+    yield cloud
+    cloud.stop()
+
+
+@pytest.fixture
+def curve_cloud(tmp_path: Path) -> Iterator[Cloud]:
+    cloud = Cloud(tmp_path / "cloud", Keys(tmp_path / "keys"))
+    cloud.start()
+    yield cloud
+    cloud.stop()
+
+
+def make_uplink(link: CloudLink, folder: Path, max_bytes: int = 2**30) -> Uplink:
+    return Uplink(EDGE, ["gate"], link, SpoolConfig(path=folder / "spool", max_bytes=max_bytes))
+
+
+def send_frames(uplink: Uplink, count: int, start: int = 0, events: list[str] | None = None) -> None:
+    for index in range(start, start + count):
+        uplink.frame(MatchedFrame("gate", index, index / 10, {"red": 0.9}, events or [], JPEG))
+
+
+def test_frames_and_events_arrive_once_and_are_acknowledged(cloud: Cloud, tmp_path: Path) -> None:
+    uplink = make_uplink(cloud.link(), tmp_path)
+    uplink.start()
+    event = Event("gate/red/0", "red", "gate", 0, 0.0, None, None, 0.9)
+    uplink.event("start", event)
+    send_frames(uplink, 20, events=[event.id])
+    uplink.event("end", replace(event, end_frame=19, end_time=1.9))
+    assert uplink.wait_drained(30)
+    wait_until(lambda: uplink.counts["acked"] == 22)
+    assert uplink.spool.messages == 0 and uplink.spool.bytes == 0 and uplink.in_flight == 0
+    assert uplink.connected
+    uplink.close()
+
+    seqs = cloud.stored_seqs()
+    assert len(seqs) == len(set(seqs)) == 20
+    with cloud.sessions() as session:
+        row = session.scalar(select(EventRow).where(EventRow.uid == f"{EDGE}/{uplink.run}/{event.id}"))
+        assert row is not None and row.end_frame == 19 and row.ended_at is not None
+        assert session.scalar(select(func.count()).select_from(EventFrame)) == 20
+        edge = session.get(Edge, EDGE)
+        assert edge is not None and edge.run == uplink.run  # the Hello got there
+
+
+def test_curve_link_delivers_and_an_unknown_key_is_refused_in_one_clear_line(
+    curve_cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = curve_cloud.keys
+    uplink = make_uplink(curve_cloud.link(keys.edge(EDGE)), tmp_path / "good")
+    uplink.start()
+    send_frames(uplink, 5)
+    assert uplink.wait_drained(30)
+    uplink.close()
+    assert len(curve_cloud.stored_seqs()) == 5
+
+    stranger_key = keys.edge("stranger", allowed=False)
+    stranger = make_uplink(curve_cloud.link(stranger_key), tmp_path / "stranger")
+    with caplog.at_level("ERROR", logger="edge.uplink"):
+        stranger.start()
+        send_frames(stranger, 3, start=100)
+        wait_until(lambda: "refused this edge's key" in caplog.text)
+        refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    stranger.close()
+    public = stranger_key.with_suffix(".key")
+    assert refusals == [
+        f"cloud at tcp://127.0.0.1:{curve_cloud.config.zmq.ingest_port} refused this edge's key: "
+        f"add {public} to the cloud's zmq.edge_keys folder"
+    ]
+    assert not stranger.connected and stranger.spool.messages == 3  # kept for when the key is allowed
+    assert len(curve_cloud.stored_seqs()) == 5
+
+
+def test_a_wrong_cloud_key_or_a_plain_edge_fails_the_handshake_in_one_clear_line(
+    curve_cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, impostor_secret = create_keypair(tmp_path / "other", "not-the-cloud")
+    wrong_server = {"server_key": impostor_secret.with_suffix(".key")}
+    for name, fields in [("wrong-server", wrong_server), ("plain", {"insecure": True})]:
+        caplog.clear()
+        uplink = make_uplink(curve_cloud.link(curve_cloud.keys.edge(name), **fields), tmp_path / name)
+        with caplog.at_level("ERROR", logger="edge.uplink"):
+            uplink.start()
+            send_frames(uplink, 2)
+            wait_until(lambda: "handshake with the cloud" in caplog.text)
+            uplink.close()
+        assert "check that cloud.server_key is the cloud's public key" in caplog.text
+        assert len(caplog.records) == 1 and uplink.spool.messages == 2
+    assert curve_cloud.stored_seqs() == []
+
+
+def test_another_edge_s_key_gets_its_messages_refused_and_logged_once(
+    curve_cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    impostor = Uplink("edge-2", ["gate"], curve_cloud.link(curve_cloud.keys.edge(EDGE)), SpoolConfig(path=tmp_path))
+    with caplog.at_level("WARNING", logger="edge.uplink"):
+        impostor.start()
+        send_frames(impostor, 3)
+        wait_until(lambda: impostor.counts["refused"] >= 6)  # hello, heartbeats, frames: each one answered
+        impostor.close()
+    refusals = [r.getMessage() for r in caplog.records if "refused a message" in r.getMessage()]
+    assert len(refusals) == 1 and "key belongs to edge 'edge-1'" in refusals[0]
+    assert impostor.spool.messages == 3 and curve_cloud.stored_seqs("edge-2") == curve_cloud.stored_seqs() == []
+
+
+def test_cloud_down_mid_stream_then_back_stores_every_message_exactly_once(
+    cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    window = 4
+    uplink = make_uplink(cloud.link(window=window), tmp_path)
+    first = uplink.spool.last_seq + 1
+    in_flight: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            in_flight.append(uplink.in_flight)
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    caplog.set_level("INFO", logger="edge.uplink")
+    uplink.start()
+    send_frames(uplink, 60)
+    wait_until(lambda: uplink.counts["acked"] >= 20)
+    cloud.stop()  # mid-stream: some sent, some in flight, most still spooled
+    wait_until(lambda: not uplink.connected)
+    send_frames(uplink, 60, start=60)  # spooled while the cloud is away
+    cloud.start()  # a new process's ingest: same ports, same database
+    assert uplink.wait_drained(60)
+    done.set()
+    watcher.join()
+    uplink.close()
+
+    seqs = cloud.stored_seqs()
+    assert sorted(seqs) == list(range(first, first + 120))  # every one, once
+    assert max(in_flight) <= window
+    assert "unreachable since" in caplog.text
+    assert "reachable again" in caplog.text or "restarted" in caplog.text
+
+
+def test_unacknowledged_messages_are_resent_by_the_next_edge_process(cloud: Cloud, tmp_path: Path) -> None:
+    cloud.stop()
+    before = make_uplink(cloud.link(), tmp_path)
+    before.start()
+    send_frames(before, 10)
+    before.close()  # the cloud never saw them
+    cloud.start()
+    after = make_uplink(cloud.link(), tmp_path)
+    assert after.spool.messages == 10 and after.run != before.run
+    after.start()
+    send_frames(after, 2, start=10)
+    assert after.wait_drained(30)
+    after.close()
+    with cloud.sessions() as session:
+        runs = list(session.scalars(select(StoredFrame.run).order_by(StoredFrame.seq)))
+    assert runs == [before.run] * 10 + [after.run] * 2  # resent as spooled, byte for byte
+
+
+def test_stats_reach_the_cloud_and_a_full_spool_says_what_it_dropped(
+    cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    uplink = make_uplink(cloud.link(), tmp_path)
+    uplink.start()
+    wait_until(lambda: uplink.connected)
+    uplink.send_stats({"gate": {"fps": 12.5, "frames": 40, "online": True}}, {"filter_errors": 0})
+
+    def stored_stats() -> tuple[dict, dict] | None:
+        with cloud.sessions() as session:
+            edge, camera = session.get(Edge, EDGE), session.get(Camera, (EDGE, "gate"))
+            return (edge.stats, camera.stats) if edge and camera and edge.stats else None
+
+    wait_until(lambda: stored_stats() is not None)
+    edge_stats, camera_stats = stored_stats()
+    assert camera_stats == {"fps": 12.5, "frames": 40, "online": True}
+    assert edge_stats["connected"] is True and edge_stats["filter_errors"] == 0
+    assert {
+        "spool_messages",
+        "spool_bytes",
+        "spool_dropped",
+        "in_flight",
+        "sent_messages",
+        "sent_bytes",
+        "acked",
+    } <= set(edge_stats)
+    uplink.close()
+
+    cloud.stop()
+    small = make_uplink(cloud.link(), tmp_path / "small", max_bytes=5 * len(JPEG))
+    with caplog.at_level("WARNING", logger="edge.spool"):
+        send_frames(small, 10)
+    assert small.stats()["spool_dropped"] > 0 and small.spool.bytes <= 5 * len(JPEG)
+    assert "dropped the" in caplog.text
+    small.close()
+
+
+def test_cloud_and_spool_config_sections(tmp_path: Path) -> None:
+    path = tmp_path / "edge.yaml"
+    cloud = {"address": "cloud.example", "server_key": "keys/cloud.key", "secret_key": "keys/edge-1.key_secret"}
+    config = {"cameras": [{"name": "gate", "source": "0"}], "cloud": cloud, "spool": {"max_bytes": 1000}}
+    path.write_text(yaml.safe_dump(config))
+    loaded = load_edge_config(path)
+    assert loaded.cloud.server_key == tmp_path / "keys" / "cloud.key"  # relative to the config file
+    assert loaded.spool.path == tmp_path / "spool" and loaded.spool.max_bytes == 1000
+    assert loaded.cloud.endpoint(loaded.cloud.ingest_port) == "tcp://cloud.example:5555"
+    assert loaded.cloud.window == 64 and not loaded.cloud.insecure
+
+    config["cloud"] = {"address": "cloud.example"}
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(FilterForwardError, match=r"cloud: .*set cloud.server_key and cloud.secret_key"):
+        load_edge_config(path)
+    config["cloud"] = {"address": "cloud.example", "insecure": True, "windo": 3}
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(FilterForwardError, match=r"cloud.windo: Extra inputs are not permitted"):
+        load_edge_config(path)
+
+
+def test_missing_key_files_fail_at_start_in_one_line(tmp_path: Path) -> None:
+    link = CloudLink(address="127.0.0.1", server_key=tmp_path / "cloud.key", secret_key=tmp_path / "edge.key_secret")
+    with pytest.raises(FilterForwardError, match="does not exist: create it with `filterforward keys create`"):
+        make_uplink(link, tmp_path)
