@@ -40,9 +40,15 @@ def free_port() -> int:
 
 @dataclass
 class CloudServer:
-    config: CloudConfig
-    process: subprocess.Popen
+    """One `filterforward cloud serve` process at a time on a fixed config: start, kill, start again."""
+
+    config_path: Path
     log: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def config(self) -> CloudConfig:
+        return load_cloud_config(self.config_path)
 
     @property
     def url(self) -> str:
@@ -54,6 +60,29 @@ class CloudServer:
 
     def log_text(self) -> str:
         return self.log.read_text()
+
+    def start(self) -> None:
+        """Start the server (its log appended to `log`) and wait until /healthz answers."""
+        with self.log.open("a") as out:
+            command = [sys.executable, "-m", "filterforward", "cloud", "serve", "--config", str(self.config_path)]
+            self.process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        wait_healthy(self)
+
+    def kill(self) -> None:
+        """SIGKILL: the crash case, nothing flushed."""
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def stop(self) -> int:
+        """SIGTERM and wait; the exit status."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
 
 
 def write_config(root: Path, zmq: dict[str, Any] | None = None, **settings: Any) -> Path:
@@ -80,30 +109,20 @@ def write_config(root: Path, zmq: dict[str, Any] | None = None, **settings: Any)
 @contextmanager
 def run_cloud(root: Path, **settings: Any) -> Iterator[CloudServer]:
     """`python -m filterforward cloud serve` until /healthz answers; SIGTERM after, which must exit cleanly."""
-    config_path = write_config(root, **settings)
-    log = root / "cloud.log"
-    with log.open("w") as out:
-        command = [sys.executable, "-m", "filterforward", "cloud", "serve", "--config", str(config_path)]
-        process = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    server = CloudServer(load_cloud_config(config_path), process, log)
+    server = CloudServer(write_config(root, **settings), root / "cloud.log")
+    server.start()
     try:
-        wait_healthy(server)
         yield server
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, f"cloud server exited with {process.returncode}:\n{server.log_text()}"
+        returncode = server.stop()
+    assert returncode == 0, f"cloud server exited with {returncode}:\n{server.log_text()}"
 
 
 def wait_healthy(server: CloudServer) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            pytest.fail(f"cloud server exited with {server.process.returncode}:\n{server.log_text()}")
+        if server.process is None or server.process.poll() is not None:
+            pytest.fail(f"cloud server is not running:\n{server.log_text()}")
         try:
             if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
                 return

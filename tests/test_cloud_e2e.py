@@ -1,0 +1,275 @@
+"""Edge to cloud end to end, all real processes on loopback: `filterforward cloud serve`, `filterforward edge run`
+replaying the real car clip, a red-vehicle filter trained by `filterforward train` and registered over REST, CURVE
+keys made by `filterforward keys create`.
+
+Exactly once is checked on the edge's own sequence numbers: every seq the edge ever assigned is stored by the
+cloud once (the `received` table is keyed on it), and the edge's spool is empty when it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+import yaml
+from cloud_server import REPO, CloudServer, write_config
+from sqlalchemy import select
+
+from cloud.db import Received, StoredFrame, make_engine
+from edge.spool import Spool
+from models.datasets import open_dataset
+
+EDGE = "edge-1"
+CAMERA = "gate"
+INPUT_SIZE = (384, 224)
+TRAIN_FRAMES = "0:212"  # the split of tests/test_replay_eval.py; the red car passes at frames 187-238
+
+
+def filterforward(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "filterforward", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def red_bundle(intel_car: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The red-vehicle MC, trained by the project's own trainer on the first part of the clip."""
+    out = tmp_path_factory.mktemp("red")
+    size = "x".join(map(str, INPUT_SIZE))
+    result = filterforward(
+        "train", str(intel_car), "--event", "red_vehicle_present", "--arch", "full_frame",
+        "--input-size", size, "--frames", TRAIN_FRAMES, "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def gate_clip(intel_car: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Frames 150-300 of the real clip (the red car at 37-88) as an H.264 file at the clip's 12.5 fps."""
+    out = tmp_path_factory.mktemp("clip") / "gate.mp4"
+    dataset = open_dataset(intel_car)
+    with av.open(str(out), "w") as container:
+        stream = container.add_stream("libx264", rate=Fraction(25, 2), options={"crf": "18"})
+        stream.width, stream.height, stream.pix_fmt = 768, 432, "yuv420p"
+        for _, image in dataset.frames(150, 300):
+            frame = av.VideoFrame.from_ndarray(cv2.resize(image, (768, 432)), format="bgr24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    return out
+
+
+@dataclass
+class Site:
+    """A cloud with CURVE keys that allow one edge, and that edge's config (not started)."""
+
+    cloud: CloudServer
+    edge_config: Path
+    root: Path
+
+    def register(self, bundle: Path, **overrides: object) -> dict:
+        spec = {**json.loads((bundle / "spec.json").read_text()), **overrides}
+        files = {"model": ("model.onnx", (bundle / "model.onnx").read_bytes(), "application/octet-stream")}
+        with self.cloud.client() as client:
+            response = client.post("/api/filters", data={"spec": json.dumps(spec)}, files=files)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def start_edge(self) -> subprocess.Popen:
+        log = (self.root / "edge.log").open("a")
+        command = [sys.executable, "-m", "filterforward", "edge", "run", "--config", str(self.edge_config)]
+        return subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+    def edge_log(self) -> str:
+        return (self.root / "edge.log").read_text()
+
+    def stored(self) -> list[StoredFrame]:
+        engine = make_engine(self.cloud.config.db_url)
+        try:
+            with engine.connect() as connection:
+                return list(connection.execute(select(StoredFrame).order_by(StoredFrame.seq)).all())
+        finally:
+            engine.dispose()
+
+    def received_seqs(self) -> list[int]:
+        engine = make_engine(self.cloud.config.db_url)
+        try:
+            with engine.connect() as connection:
+                rows = connection.execute(select(Received.seq).where(Received.edge_id == EDGE)).scalars()
+                return sorted(rows)
+        finally:
+            engine.dispose()
+
+    def spool(self) -> Spool:
+        return Spool(self.root / "spool", 2**30)
+
+
+def make_site(root: Path, source: Path, pacing: str, timeout: float = 15.0) -> Site:
+    keys = root / "keys"
+    for name in ("cloud", EDGE):
+        result = filterforward("keys", "create", name, "--dir", str(keys))
+        assert result.returncode == 0, result.stderr
+    (keys / "edges").mkdir()
+    (keys / "edges" / f"{EDGE}.key").write_bytes((keys / f"{EDGE}.key").read_bytes())
+    zmq = {
+        "insecure": False,
+        "secret_key": str(keys / "cloud.key_secret"),
+        "edge_keys": str(keys / "edges"),
+        "heartbeat": 0.5,
+    }
+    cloud = CloudServer(write_config(root, zmq=zmq), root / "cloud.log")
+    settings = cloud.config.zmq
+    edge = {
+        "edge_id": EDGE,
+        "input_size": list(INPUT_SIZE),
+        "cameras": [{"name": CAMERA, "source": str(source), "pacing": pacing}],
+        "cloud": {
+            "address": "127.0.0.1",
+            "ingest_port": settings.ingest_port,
+            "publish_port": settings.publish_port,
+            "server_key": str(keys / "cloud.key"),
+            "secret_key": str(keys / f"{EDGE}.key_secret"),
+            "heartbeat": 0.5,
+            "timeout": timeout,
+        },
+        "spool": {"path": str(root / "spool")},
+        "stats_interval": 1,
+    }
+    edge_config = root / "edge.yaml"
+    edge_config.write_text(yaml.safe_dump(edge))
+    return Site(cloud, edge_config, root)
+
+
+@pytest.fixture
+def site(tmp_path: Path, gate_clip: Path) -> Iterator[Site]:
+    # A 2 s link timeout: the 3 s outage below must show as "unreachable" on the edge.
+    site = make_site(tmp_path, gate_clip, "realtime", timeout=2.0)
+    site.cloud.start()
+    try:
+        yield site
+    finally:
+        if site.cloud.process and site.cloud.process.poll() is None:
+            site.cloud.stop()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 120.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def finish(site: Site, edge: subprocess.Popen) -> None:
+    """Wait for the edge to reach the end of its clip and exit cleanly."""
+    try:
+        assert edge.wait(timeout=180) == 0, site.edge_log()
+    finally:
+        if edge.poll() is None:
+            edge.kill()
+
+
+def assert_exactly_once(site: Site) -> None:
+    spool = site.spool()
+    try:
+        assert spool.messages == 0, "the edge exited with unacknowledged messages"
+        first = site.received_seqs()
+        assert first == list(range(first[0], spool.last_seq + 1)), "a message the edge spooled never arrived"
+    finally:
+        spool.close()
+    frames = site.stored()
+    assert len({f.seq for f in frames}) == len(frames)
+
+
+def test_matched_frames_arrive_as_events_and_jpegs(site: Site, red_bundle: Path) -> None:
+    site.register(red_bundle, name="red-car")
+    finish(site, site.start_edge())
+    assert_exactly_once(site)
+
+    with site.cloud.client() as client:
+        events = client.get("/api/events", params={"filter": "red-car", "camera": CAMERA}).json()["items"]
+        assert events, "no red-car event"
+        event = events[-1]
+        assert event["edge"] == EDGE and not event["open"] and event["frames"] > 0
+        # The red car passes at frames 37-88 of this clip: the event must overlap it.
+        assert event["start_frame"] <= 88 and event["end_frame"] >= 37
+        frames = client.get(f"/api/events/{event['id']}/frames").json()
+        assert len(frames) == event["frames"] and all(f["scores"]["red-car"] >= 0.5 for f in frames)
+        image = client.get(frames[0]["image_url"])
+        assert image.headers["content-type"] == "image/jpeg"
+        decoded = cv2.imdecode(np.frombuffer(image.content, np.uint8), cv2.IMREAD_COLOR)
+        assert decoded.shape == (432, 768, 3)
+        cameras = client.get("/api/cameras").json()
+        assert [c["name"] for c in cameras] == [CAMERA] and not cameras[0]["online"]  # its clip ended
+
+
+def test_cloud_killed_mid_stream_loses_nothing(site: Site, red_bundle: Path) -> None:
+    site.register(red_bundle, name="red-car")
+    edge = site.start_edge()
+    try:
+        wait_until(lambda: len(site.stored()) > 0, what="the first matched frame")
+        site.cloud.kill()  # SIGKILL: nothing flushed, the ingest's sockets vanish
+        killed_at = datetime.now(UTC)
+        time.sleep(3.0)
+        site.cloud.start()
+    finally:
+        finish(site, edge)
+    assert_exactly_once(site)
+    during = [f for f in site.stored() if f.captured_at.replace(tzinfo=UTC) > killed_at]
+    assert during, "no frame was matched while the cloud was down: the outage tested nothing"
+    assert "unreachable" in site.edge_log()
+
+
+@pytest.fixture
+def every_frame_site(tmp_path: Path, intel_car: Path) -> Iterator[Site]:
+    """The whole clip at full speed, every frame in order: a dropped frame would show as a gap."""
+    site = make_site(tmp_path, intel_car / "car-detection.mp4", "every-frame")
+    site.cloud.start()
+    try:
+        yield site
+    finally:
+        site.cloud.stop()
+
+
+def test_filters_added_and_removed_while_the_edge_runs(
+    every_frame_site: Site, red_bundle: Path, make_filter, tmp_path: Path
+) -> None:
+    site = every_frame_site
+    site.register(red_bundle, name="red-car")
+    spec, onnx = make_filter("full_frame", "late", INPUT_SIZE, name="always", bias=10.0)
+    always_bundle = tmp_path / "always"
+    always_bundle.mkdir()
+    (always_bundle / "spec.json").write_text(spec.model_dump_json())
+    (always_bundle / "model.onnx").write_bytes(onnx)
+    edge = site.start_edge()
+    try:
+        # Swap while the red car's event is open: the removed filter's event must still be closed.
+        wait_until(lambda: any("red-car" in f.scores for f in site.stored()), what="the red car")
+        site.register(always_bundle)
+        added = time.time()
+        with site.cloud.client() as client:
+            assert client.delete("/api/filters/red-car").status_code == 204
+    finally:
+        finish(site, edge)
+    assert_exactly_once(site)
+
+    stored = site.stored()
+    always = sorted(f.frame_index for f in stored if "always" in f.scores)
+    assert always, "the added filter never ran"
+    assert always == list(range(always[0], 377)), "frames missing after the filter change"
+    first = min(f.captured_at for f in stored if "always" in f.scores).replace(tzinfo=UTC).timestamp()
+    print(f"added filter's first matched frame {first - added:.2f} s after its registration returned")
+    with site.cloud.client() as client:
+        stats = client.get("/api/cameras").json()[0]["stats"]
+        red = client.get("/api/events", params={"filter": "red-car"}).json()["items"]
+    assert stats["dropped"] == 0
+    assert red and all(not e["open"] for e in red), "the removed filter's event was not closed"
