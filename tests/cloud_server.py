@@ -6,7 +6,6 @@ Used by the API, web, uplink and end-to-end tests; also a fresh PostgreSQL schem
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import httpx
 import psycopg
 import pytest
 import yaml
+from support import free_port
 
 from cloud.config import CloudConfig, load_cloud_config
 
@@ -30,12 +30,6 @@ READ_WRITE = "api-test-read-write-token-0123"
 READ_ONLY = "api-test-read-only-token-45678"
 WRITE_ONLY = "api-test-write-only-token-9012"
 MAX_UPLOAD = 100_000  # above every MC exported here (late tap at 128x96: ~47 kB)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

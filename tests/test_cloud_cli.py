@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cloud_server import REPO, free_port, write_config
+from cloud_server import REPO, write_config
+from support import free_port
 
 GOOD_ZMQ = "zmq: {insecure: true, ingest_port: 15555, publish_port: 15556}\n"
 TOKENS = "tokens: [{name: ops, token: a-token-of-sixteen-chars}]\n"

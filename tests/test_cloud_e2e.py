@@ -12,7 +12,8 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -25,6 +26,7 @@ import pytest
 import yaml
 from cloud_server import REPO, CloudServer, write_config
 from sqlalchemy import select
+from support import BROKER, MqttSubscriber, wait_until
 
 from cloud.db import Received, StoredFrame, make_engine
 from edge.spool import Spool
@@ -114,7 +116,7 @@ class Site:
         return Spool(self.root / "spool", 2**30)
 
 
-def make_site(root: Path, source: Path, pacing: str, timeout: float = 15.0) -> Site:
+def make_site(root: Path, source: Path, pacing: str, timeout: float = 15.0, **cloud_settings: object) -> Site:
     keys = root / "keys"
     for name in ("cloud", EDGE):
         result = filterforward("keys", "create", name, "--dir", str(keys))
@@ -127,7 +129,7 @@ def make_site(root: Path, source: Path, pacing: str, timeout: float = 15.0) -> S
         "edge_keys": str(keys / "edges"),
         "heartbeat": 0.5,
     }
-    cloud = CloudServer(write_config(root, zmq=zmq), root / "cloud.log")
+    cloud = CloudServer(write_config(root, zmq=zmq, **cloud_settings), root / "cloud.log")
     settings = cloud.config.zmq
     edge = {
         "edge_id": EDGE,
@@ -162,13 +164,6 @@ def site(tmp_path: Path, gate_clip: Path) -> Iterator[Site]:
             site.cloud.stop()
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 120.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
 def finish(site: Site, edge: subprocess.Popen) -> None:
     """Wait for the edge to reach the end of its clip and exit cleanly."""
     try:
@@ -190,11 +185,38 @@ def assert_exactly_once(site: Site) -> None:
     assert len({f.seq for f in frames}) == len(frames)
 
 
-def test_matched_frames_arrive_as_events_and_jpegs(site: Site, red_bundle: Path) -> None:
-    site.register(red_bundle, name="red-car")
-    finish(site, site.start_edge())
-    assert_exactly_once(site)
+def test_matched_frames_arrive_as_events_jpegs_and_mqtt_messages(
+    tmp_path: Path, gate_clip: Path, red_bundle: Path
+) -> None:
+    prefix = f"ff-e2e/{uuid.uuid4().hex}"
+    mqtt = {"host": BROKER[0], "port": BROKER[1], "topic_prefix": prefix}
+    site = make_site(tmp_path, gate_clip, "realtime", mqtt=mqtt)
+    subscriber = MqttSubscriber(prefix)
+    site.cloud.start()
+    try:
+        site.register(red_bundle, name="red-car")
+        finish(site, site.start_edge())
+        assert_exactly_once(site)
+        check_events_and_frames(site)
+        check_notifications(site, subscriber.take_timed(2))
+    finally:
+        subscriber.close()
+        site.cloud.stop()
 
+
+def check_notifications(site: Site, messages: list[tuple[str, dict, float]]) -> None:
+    """Start then end on <prefix>/<camera>/<filter>/<phase>; the start's frame was stored before it went out."""
+    (start_topic, start, start_arrived), (end_topic, end, _) = messages
+    assert start_topic.endswith(f"/{CAMERA}/red-car/start") and end_topic.endswith(f"/{CAMERA}/red-car/end")
+    assert start["id"] == end["id"] and end["end_frame"] >= start["start_frame"]
+    frame_id = int(start["frame_url"].rsplit("/", 1)[1].removesuffix(".jpg"))
+    (frame,) = [f for f in site.stored() if f.id == frame_id]
+    assert frame.received_at.replace(tzinfo=UTC).timestamp() <= start_arrived
+    with site.cloud.client() as client:
+        assert client.get(start["frame_url"]).headers["content-type"] == "image/jpeg"
+
+
+def check_events_and_frames(site: Site) -> None:
     with site.cloud.client() as client:
         events = client.get("/api/events", params={"filter": "red-car", "camera": CAMERA}).json()["items"]
         assert events, "no red-car event"
@@ -216,7 +238,7 @@ def test_cloud_killed_mid_stream_loses_nothing(site: Site, red_bundle: Path) -> 
     site.register(red_bundle, name="red-car")
     edge = site.start_edge()
     try:
-        wait_until(lambda: len(site.stored()) > 0, what="the first matched frame")
+        wait_until(lambda: len(site.stored()) > 0, "the first matched frame", timeout=120)
         site.cloud.kill()  # SIGKILL: nothing flushed, the ingest's sockets vanish
         killed_at = datetime.now(UTC)
         time.sleep(3.0)
@@ -253,7 +275,7 @@ def test_filters_added_and_removed_while_the_edge_runs(
     edge = site.start_edge()
     try:
         # Swap while the red car's event is open: the removed filter's event must still be closed.
-        wait_until(lambda: any("red-car" in f.scores for f in site.stored()), what="the red car")
+        wait_until(lambda: any("red-car" in f.scores for f in site.stored()), "the red car", timeout=120)
         site.register(always_bundle)
         added = time.time()
         with site.cloud.client() as client:

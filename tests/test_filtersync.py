@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from test_uplink import EDGE, Cloud, Keys, wait_until
+from support import wait_until
+from test_uplink import EDGE, Cloud, Keys
 
 from cloud.db import Camera, Edge, Filter, FilterChange
 from cloud.db import Event as EventRow

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import zmq
 from sqlalchemy import select
+from support import wait_until
 from zmq.utils.monitor import recv_monitor_message
 
 from cloud.config import CloudConfig, TokenConfig, ZmqConfig
@@ -172,13 +173,6 @@ def make_cloud(tmp_path: Path) -> Iterator[Callable[..., Cloud]]:
 @pytest.fixture
 def keys(tmp_path: Path) -> Keys:
     return Keys(tmp_path / "keys")
-
-
-def wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_frame_is_stored_then_acked_and_ports_are_picked(make_cloud) -> None:

@@ -4,33 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-import queue
 import socket
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import paho.mqtt.client as mqtt
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import ValidationError
+from support import BROKER, MqttSubscriber, wait_until
 
 from cloud.config import CloudConfig
 from cloud.notify import Notifier, topic_level
 from cloud.storage import Notification
 
-BROKER = ("127.0.0.1", 1883)
 TIMEOUT = 20.0  # generous: only there so a broken test fails instead of hanging
-
-
-def wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def make_config(
@@ -66,36 +55,14 @@ def notification(
     return Notification(phase=phase, event=event)
 
 
-class Subscriber:
-    """A real paho client subscribed to <prefix>/# on the local broker; received messages land in a queue."""
-
-    def __init__(self, prefix: str) -> None:
-        self.messages: queue.Queue[mqtt.MQTTMessage] = queue.Queue()
-        subscribed = threading.Event()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2)
-        self.client.on_message = lambda client, userdata, message: self.messages.put(message)
-        self.client.on_subscribe = lambda *args: subscribed.set()
-        self.client.on_connect = lambda client, *args: client.subscribe(f"{prefix}/#", qos=1)
-        self.client.connect(*BROKER)
-        self.client.loop_start()
-        assert subscribed.wait(TIMEOUT), "could not subscribe at the local Mosquitto"
-
-    def take(self, n: int) -> list[tuple[str, dict]]:
-        return [(m.topic, json.loads(m.payload)) for m in (self.messages.get(timeout=TIMEOUT) for _ in range(n))]
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
-
-
 @pytest.fixture
 def prefix() -> str:
     return f"ff-test/{uuid.uuid4().hex}"
 
 
 @pytest.fixture
-def subscriber(prefix: str) -> Iterator[Subscriber]:
-    sub = Subscriber(prefix)
+def subscriber(prefix: str) -> Iterator[MqttSubscriber]:
+    sub = MqttSubscriber(prefix)
     yield sub
     sub.close()
 
@@ -197,7 +164,7 @@ def test_prefix_with_a_wildcard_is_refused() -> None:
         make_config(mqtt_port=BROKER[1], prefix="home/#")
 
 
-def test_start_and_end_reach_mqtt_in_order(prefix: str, subscriber: Subscriber) -> None:
+def test_start_and_end_reach_mqtt_in_order(prefix: str, subscriber: MqttSubscriber) -> None:
     notifier = Notifier(make_config(mqtt_port=BROKER[1], prefix=prefix))
     start, end = notification("start"), notification("end")
     notifier.publish(start)
@@ -212,7 +179,7 @@ def test_start_and_end_reach_mqtt_in_order(prefix: str, subscriber: Subscriber) 
     assert notifier.counts == {**notifier.counts, "mqtt_published": 2, "mqtt_failed": 0, "dropped": 0}
 
 
-def test_notifications_wait_for_a_broker_that_is_down(prefix: str, subscriber: Subscriber) -> None:
+def test_notifications_wait_for_a_broker_that_is_down(prefix: str, subscriber: MqttSubscriber) -> None:
     proxy = BrokerProxy()
     try:
         notifier = Notifier(make_config(mqtt_port=proxy.port, prefix=prefix))
@@ -294,7 +261,7 @@ def test_a_full_queue_drops_the_oldest(webhooks: WebhookServer) -> None:
     assert notifier.counts["webhook_sent"] == 3
 
 
-def test_a_stuck_webhook_does_not_delay_mqtt(webhooks: WebhookServer, prefix: str, subscriber: Subscriber) -> None:
+def test_a_stuck_webhook_does_not_delay_mqtt(webhooks: WebhookServer, prefix: str, subscriber: MqttSubscriber) -> None:
     webhooks.gate.clear()
     notifier = Notifier(make_config(mqtt_port=BROKER[1], prefix=prefix, webhooks=[f"{webhooks.url}/slow"]))
     for event_id in (1, 2, 3):

@@ -10,16 +10,16 @@ import logging
 import math
 import select
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+from support import free_port, wait_until
 
 from edge.sources import Frame, VideoSource, open_source
 from models.errors import FilterForwardError
@@ -64,20 +64,6 @@ def rtsp_server_missing() -> str:
 def rtsp_server_available() -> None:
     if missing := rtsp_server_missing():
         pytest.skip(f"GStreamer's RTSP server is unavailable ({missing}); apt-get install -y {APT_PACKAGES}")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 class RtspCamera:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import select
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from support import free_port, wait_until
 
 from edge.sources import DEFAULT_FPS, Frame, VideoSource, open_source
 from models.errors import FilterForwardError
@@ -23,14 +23,6 @@ from models.errors import FilterForwardError
 MJPEG_SERVER = Path(__file__).with_name("mjpeg_server.py")
 WAIT_S = 15.0  # upper bound for every wait; only a broken source ever reaches it
 CLIP = "car-detection.mp4"
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def gaps(frames: list[Frame]) -> int:
@@ -247,12 +239,6 @@ def test_an_image_that_breaks_mid_stream_raises_after_the_good_frames(tmp_path: 
 
 
 # -- live: a real HTTP MJPEG camera ---------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Camera:

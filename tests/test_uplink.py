@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 from sqlalchemy import func, select
+from support import free_port, wait_until
 
 from cloud.config import CloudConfig, TokenConfig, ZmqConfig
 from cloud.db import Camera, Edge, EventFrame, StoredFrame, make_engine, session_factory
@@ -31,20 +31,6 @@ from models.errors import FilterForwardError
 
 EDGE = "edge-1"
 JPEG = cv2.imencode(".jpg", np.full((48, 64, 3), 200, np.uint8))[1].tobytes()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Polls `condition` until true; the timeout only keeps a broken test from hanging."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 class Keys:

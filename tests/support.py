@@ -1,0 +1,63 @@
+"""Small helpers the process- and socket-level tests share: a free loopback port, polling with a bound, and a
+subscriber on the local Mosquitto broker."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+
+BROKER = ("127.0.0.1", 1883)
+MQTT_WAIT = 20.0  # seconds; only keeps a broken test from hanging
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (another process could still take it before we bind)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], bool], what: str = "the condition", timeout: float = 30.0) -> None:
+    """Poll `condition` until it holds; the timeout only keeps a broken test from hanging, it is no assertion
+    on speed."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.01)
+
+
+class MqttSubscriber:
+    """A real paho client subscribed to <prefix>/# on the local broker; messages are kept with their arrival time."""
+
+    def __init__(self, prefix: str) -> None:
+        self.messages: queue.Queue[tuple[str, dict, float]] = queue.Queue()
+        subscribed = threading.Event()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2)
+        self.client.on_message = lambda client, userdata, message: self.messages.put(
+            (message.topic, json.loads(message.payload), time.time())
+        )
+        self.client.on_subscribe = lambda *args: subscribed.set()
+        self.client.on_connect = lambda client, *args: client.subscribe(f"{prefix}/#", qos=1)
+        self.client.connect(*BROKER)
+        self.client.loop_start()
+        assert subscribed.wait(MQTT_WAIT), "could not subscribe at the local Mosquitto"
+
+    def take_timed(self, n: int) -> list[tuple[str, dict, float]]:
+        """The next n messages as (topic, JSON payload, arrival unix time)."""
+        return [self.messages.get(timeout=MQTT_WAIT) for _ in range(n)]
+
+    def take(self, n: int) -> list[tuple[str, dict]]:
+        return [(topic, body) for topic, body, _ in self.take_timed(n)]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
