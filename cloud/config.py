@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
 
-from edge.configfile import read_config, resolve
+from edge.configfile import ConfigPath, FolderPath, read_config
 
 Scope = Literal["read", "write"]
 
@@ -28,8 +28,8 @@ class ZmqConfig(BaseModel):
     bind: str = Field("0.0.0.0", description="address the ingest and filter sockets bind")
     ingest_port: int = Field(5555, ge=0, le=65535, description="ROUTER for the edges' uplinks (0: any free port)")
     publish_port: int = Field(5556, ge=0, le=65535, description="PUB for filter updates (0: any free port)")
-    secret_key: Path | None = Field(None, description="the cloud's CURVE secret key file (filterforward keys)")
-    edge_keys: Path | None = Field(None, description="folder of allowed edges' public key files (<edge>.key)")
+    secret_key: ConfigPath | None = Field(None, description="the cloud's CURVE secret key file (filterforward keys)")
+    edge_keys: FolderPath | None = Field(None, description="folder of allowed edges' public key files (<edge>.key)")
     insecure: bool = Field(False, description="no CURVE: only for loopback tests and demos")
     heartbeat: float = Field(1.0, gt=0, description="seconds between heartbeats to each edge")
     edge_timeout: float = Field(5.0, gt=0, description="an edge silent this long is shown offline")
@@ -69,7 +69,9 @@ class MqttConfig(BaseModel):
 class CloudConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    data_dir: Path = Field(Path("filterforward-cloud"), description="frame store and the default SQLite file")
+    data_dir: FolderPath = Field(
+        Path("filterforward-cloud"), validate_default=True, description="frame store and the default SQLite file"
+    )
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in data_dir")
     host: str = Field("127.0.0.1", description="HTTP bind address")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
@@ -92,12 +94,4 @@ class CloudConfig(BaseModel):
 
 def load_cloud_config(path: Path) -> CloudConfig:
     """Read and validate a cloud YAML file; relative paths in it are relative to the file."""
-    config = read_config(path, CloudConfig)
-    base = Path(path).parent
-    zmq = config.zmq.model_copy(
-        update={
-            "secret_key": resolve(config.zmq.secret_key, base) if config.zmq.secret_key else None,
-            "edge_keys": resolve(config.zmq.edge_keys, base) if config.zmq.edge_keys else None,
-        }
-    )
-    return config.model_copy(update={"data_dir": resolve(config.data_dir, base), "zmq": zmq})
+    return read_config(path, CloudConfig)

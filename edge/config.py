@@ -2,28 +2,66 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from edge.configfile import read_config, resolve
+from edge.configfile import ConfigPath, FolderPath, read_config, resolve
 from models.taps import check_input_size
 
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+Dimension = Annotated[int, Field(gt=0, le=16384)]
 
-class CameraConfig(BaseModel):
+
+class CameraSettings(BaseModel):
+    """What a camera may set itself or inherit from `defaults`."""
+
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    pacing: Literal["realtime", "every-frame"] = Field(
+        "realtime", description="realtime (drops the oldest frames when behind) or every-frame (never drops)"
+    )
+    fps: float | None = Field(
+        None, gt=0, description="live cameras: cap on processed frames/s; recordings: the rate they play at"
+    )
+    resolution: tuple[Dimension, Dimension] | None = Field(
+        None, description="decode output (width, height): frames are resized to it; default the camera's own size"
+    )
+
+
+class CameraDefaults(CameraSettings):
+    """Settings every camera inherits unless it sets its own."""
+
+
+class CameraConfig(CameraSettings):
+    """A camera; pacing, fps and resolution it leaves out come from `defaults`."""
+
+    name: str = Field(pattern=NAME_PATTERN)
     source: str = Field(min_length=1, description="video file, image folder, dataset folder, rtsp/http URL or device")
-    pacing: Literal["realtime", "every-frame"] = "realtime"
-    fps: float | None = Field(None, gt=0, description="cap on processed frames per second")
+
+    @field_validator("source")
+    @classmethod
+    def _relative_to_file(cls, source: str, info: ValidationInfo) -> str:
+        base = (info.context or {}).get("base")
+        is_path = "://" not in source and not source.isdigit() and not source.startswith("/dev/")
+        return str(resolve(Path(source), base)) if base is not None and is_path else source
+
+    def with_defaults(self, defaults: CameraDefaults) -> CameraConfig:
+        """This camera with every setting it leaves out taken from `defaults`."""
+        inherited = {
+            key: getattr(defaults, key) for key in CameraSettings.model_fields if key not in self.model_fields_set
+        }
+        return self.model_copy(update=inherited)
 
 
 class SinkConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: Path = Field(Path("filterforward-out"), description="folder for matched frames, clips and events.jsonl")
+    path: FolderPath = Field(
+        Path("filterforward-out"), validate_default=True, description="folder for matched frames, clips, events.jsonl"
+    )
 
 
 class CloudLink(BaseModel):
@@ -34,8 +72,8 @@ class CloudLink(BaseModel):
     address: str = Field(min_length=1, description="the cloud's host name or IP address")
     ingest_port: int = Field(5555, ge=1, le=65535)
     publish_port: int = Field(5556, ge=1, le=65535)
-    server_key: Path | None = Field(None, description="the cloud's PUBLIC key file (filterforward keys)")
-    secret_key: Path | None = Field(None, description="this edge's .key_secret file (its public half inside)")
+    server_key: ConfigPath | None = Field(None, description="the cloud's PUBLIC key file (filterforward keys)")
+    secret_key: ConfigPath | None = Field(None, description="this edge's .key_secret file (its public half inside)")
     insecure: bool = Field(False, description="no CURVE: only for loopback tests and demos; the cloud must match")
     window: int = Field(64, ge=1, le=10000, description="credit: max unacknowledged messages in flight")
     heartbeat: float = Field(1.0, gt=0, description="seconds between heartbeats")
@@ -48,6 +86,8 @@ class CloudLink(BaseModel):
                 "set cloud.server_key and cloud.secret_key (create them with `filterforward keys create`), "
                 "or cloud.insecure: true for a loopback test"
             )
+        if self.ingest_port == self.publish_port:
+            raise ValueError(f"ingest_port and publish_port are both {self.ingest_port}; use the cloud's two ports")
         return self
 
     def endpoint(self, port: int) -> str:
@@ -57,53 +97,56 @@ class CloudLink(BaseModel):
 class SpoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: Path = Field(Path("spool"), description="folder of the uplink's message spool (a SQLite file inside)")
+    path: FolderPath = Field(
+        Path("spool"), validate_default=True, description="folder of the uplink's message spool (a SQLite file inside)"
+    )
     max_bytes: int = Field(2**30, gt=0, description="over this the spool drops its oldest messages")
 
 
 class EdgeConfig(BaseModel):
+    """After validation every camera holds its effective settings (its own, else `defaults`)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    edge_id: str = Field("edge-1", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    base_model: Path | None = Field(None, description="ONNX base model with named taps (default EfficientNet-Lite0)")
+    edge_id: str = Field("edge-1", pattern=NAME_PATTERN)
+    base_model: ConfigPath | None = Field(
+        None, description="ONNX base model with named taps (default EfficientNet-Lite0)"
+    )
     input_size: tuple[int, int] = Field((768, 448), description="base-DNN input (width, height), multiples of 32")
     threads: int | None = Field(None, ge=1, description="ONNX Runtime threads for the base DNN")
+    defaults: CameraDefaults = Field(
+        default_factory=CameraDefaults, description="camera settings every camera inherits unless it sets its own"
+    )
     cameras: list[CameraConfig] = Field(min_length=1)
-    filters: list[Path] = Field(default_factory=list, description="filter bundle folders to load at start")
-    sink: SinkConfig = SinkConfig()
+    filters: list[ConfigPath] = Field(default_factory=list, description="filter bundle folders to load at start")
+    # built from {} at validation so that their default folders, too, are relative to the file
+    sink: SinkConfig = Field(default_factory=dict, validate_default=True, description="where matched frames go")
     cloud: CloudLink | None = Field(None, description="send to the cloud instead of the sink folder")
-    spool: SpoolConfig = SpoolConfig()
+    spool: SpoolConfig = Field(default_factory=dict, validate_default=True, description="the uplink's spool")
     stats_interval: float = Field(10.0, gt=0, description="seconds between stats log lines")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: a free port)"
+    )
 
     @field_validator("input_size")
     @classmethod
     def _multiple_of_stride(cls, value: tuple[int, int]) -> tuple[int, int]:
         return check_input_size(value)
 
+    @field_validator("cameras")
+    @classmethod
+    def _unique_names(cls, cameras: list[CameraConfig]) -> list[CameraConfig]:
+        twice = [name for name, count in Counter(cam.name for cam in cameras).items() if count > 1]
+        if twice:
+            raise ValueError(f"camera name {twice[0]!r} is used more than once; give each camera its own name")
+        return cameras
+
+    @model_validator(mode="after")
+    def _inherit_defaults(self) -> EdgeConfig:
+        self.cameras = [cam.with_defaults(self.defaults) for cam in self.cameras]
+        return self
+
 
 def load_edge_config(path: Path) -> EdgeConfig:
     """Read and validate an edge YAML file; relative paths in it are relative to the file."""
-    return _resolve_paths(read_config(path, EdgeConfig), Path(path).parent)
-
-
-def _resolve_paths(config: EdgeConfig, base: Path) -> EdgeConfig:
-    def resolve_source(source: str) -> str:
-        is_path = "://" not in source and not source.isdigit() and not source.startswith("/dev/")
-        return str(resolve(Path(source), base)) if is_path else source
-
-    cameras = [cam.model_copy(update={"source": resolve_source(cam.source)}) for cam in config.cameras]
-    return config.model_copy(
-        update={
-            "cameras": cameras,
-            "filters": [resolve(p, base) for p in config.filters],
-            "base_model": resolve(config.base_model, base) if config.base_model else None,
-            "sink": SinkConfig(path=resolve(config.sink.path, base)),
-            "cloud": _resolve_keys(config.cloud, base) if config.cloud else None,
-            "spool": config.spool.model_copy(update={"path": resolve(config.spool.path, base)}),
-        }
-    )
-
-
-def _resolve_keys(link: CloudLink, base: Path) -> CloudLink:
-    keys = {name: resolve(getattr(link, name), base) for name in ("server_key", "secret_key") if getattr(link, name)}
-    return link.model_copy(update=keys)
+    return read_config(path, EdgeConfig)

@@ -63,6 +63,7 @@ class SourceStats:
     reconnects: int  # times a live source came back after losing its connection
     last_error: str | None  # the most recent failure, kept after recovery
     fps: float  # measured decode rate over the last couple of seconds
+    decode_ms: float  # mean time to decode (and resize) one frame over the same window; queue waits excluded
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -153,23 +154,36 @@ def _folder_target(folder: Path) -> _Target:
 
 class _Reader:
     """One open connection to the frames. Opening decodes the first frame, which proves the source works;
-    read() hands that frame out first. Subclasses set up their state, then call this __init__."""
+    read() hands that frame out first. Images come out at `resolution` (width, height) when one is given.
+    Subclasses set up their state, then call this __init__."""
 
     fps: float | None = None  # the rate the source reports, if any
     open_s = 0.0  # how long opening took; a stream's frames buffered meanwhile then arrive in a burst
 
-    def __init__(self, failure: str) -> None:
-        first = self._decode()
+    def __init__(self, failure: str, resolution: tuple[int, int] | None) -> None:
+        self._resolution = resolution
+        self.decode_s = 0.0  # how long the image read() returned last took to decode and resize
+        first = self._timed_decode()
         if first is None:
             self.close()
             raise FilterForwardError(failure)
-        self._pending: tuple[np.ndarray, float] | None = first
-        self.frame_size = (first[0].shape[1], first[0].shape[0])  # (width, height)
+        self._pending: tuple[np.ndarray, float] | None = first  # self.decode_s stays its decode time meanwhile
+        self.frame_size = (first[0].shape[1], first[0].shape[0])  # (width, height), after resizing
 
     def read(self) -> tuple[np.ndarray, float] | None:
         """The next image and the source's own clock for it in ms (nan if it has none); None at the end."""
         frame, self._pending = self._pending, None
-        return frame if frame is not None else self._decode()
+        return frame if frame is not None else self._timed_decode()
+
+    def _timed_decode(self) -> tuple[np.ndarray, float] | None:
+        started = time.perf_counter()
+        decoded = self._decode()
+        if decoded is not None and self._resolution is not None:
+            image, position = decoded
+            if (image.shape[1], image.shape[0]) != self._resolution:
+                decoded = cv2.resize(image, self._resolution, interpolation=cv2.INTER_AREA), position
+        self.decode_s = time.perf_counter() - started
+        return decoded
 
     def _decode(self) -> tuple[np.ndarray, float] | None:
         raise NotImplementedError
@@ -191,10 +205,10 @@ def _open_capture(location: str | int) -> cv2.VideoCapture:
 class _CaptureReader(_Reader):
     """Files, streams and devices through cv2.VideoCapture."""
 
-    def __init__(self, location: str | int, failure: str) -> None:
+    def __init__(self, location: str | int, failure: str, resolution: tuple[int, int] | None) -> None:
         started = time.monotonic()
         self._capture = _open_capture(location)
-        super().__init__(failure)
+        super().__init__(failure, resolution)
         self.open_s = time.monotonic() - started
         reported = self._capture.get(cv2.CAP_PROP_FPS)
         self.fps = reported if 0 < reported <= _MAX_SANE_FPS else None
@@ -210,9 +224,9 @@ class _CaptureReader(_Reader):
 class _FolderReader(_Reader):
     """Images in the given order; one that does not decode stops the stream with an error."""
 
-    def __init__(self, paths: tuple[Path, ...], failure: str) -> None:
+    def __init__(self, paths: tuple[Path, ...], failure: str, resolution: tuple[int, int] | None) -> None:
         self._paths = iter(paths)
-        super().__init__(failure)
+        super().__init__(failure, resolution)
 
     def _decode(self) -> tuple[np.ndarray, float] | None:
         path = next(self._paths, None)
@@ -358,30 +372,41 @@ class _LiveClock:
 
 
 class _RateMeter:
-    """Frames per second over the last _RATE_WINDOW_S seconds."""
+    """Frames per second and mean decode time over the last _RATE_WINDOW_S seconds."""
 
     def __init__(self) -> None:
-        self._times: deque[float] = deque(maxlen=256)
+        self._ticks: deque[tuple[float, float]] = deque(maxlen=256)  # (when, decode seconds)
 
-    def tick(self, now: float) -> None:
-        self._times.append(now)
+    def tick(self, now: float, decode_s: float) -> None:
+        self._ticks.append((now, decode_s))
+
+    def _recent(self, now: float) -> list[tuple[float, float]]:
+        return [tick for tick in self._ticks if now - tick[0] <= _RATE_WINDOW_S]
 
     def rate(self, now: float) -> float:
-        recent = [moment for moment in self._times if now - moment <= _RATE_WINDOW_S]
-        if len(recent) < 2 or recent[-1] == recent[0]:
+        recent = self._recent(now)
+        if len(recent) < 2 or recent[-1][0] == recent[0][0]:
             return 0.0
-        return (len(recent) - 1) / (recent[-1] - recent[0])
+        return (len(recent) - 1) / (recent[-1][0] - recent[0][0])
+
+    def decode_ms(self, now: float) -> float:
+        recent = self._recent(now)
+        return 1000.0 * sum(decode_s for _, decode_s in recent) / len(recent) if recent else 0.0
 
 
 # ---------------------------------------------------------------------------------------------------------
 # The source
 
 
-def _check_options(pacing: str, fps: float | None, queue_size: int, initial: float, maximum: float) -> None:
+def _check_options(
+    pacing: str, fps: float | None, resolution: tuple[int, int] | None, queue_size: int, initial: float, maximum: float
+) -> None:
     if pacing not in get_args(Pacing):
         raise FilterForwardError(f"unknown pacing {pacing!r}; use 'realtime' or 'every-frame'")
     if fps is not None and not (math.isfinite(fps) and fps > 0):
         raise FilterForwardError(f"fps must be a positive number of frames per second, got {fps}")
+    if resolution is not None and not (len(resolution) == 2 and all(int(side) == side > 0 for side in resolution)):
+        raise FilterForwardError(f"resolution must be (width, height) in positive whole pixels, got {resolution}")
     if queue_size < 1:
         raise FilterForwardError(f"queue_size must be at least 1, got {queue_size}")
     if not (0 < initial <= maximum and math.isfinite(maximum)):
@@ -398,6 +423,8 @@ class VideoSource:
     pacing: "every-frame" (every frame in order, deterministic) or "realtime" (see the module doc).
     fps: for recordings, the rate for timestamps and realtime pacing (default: the recorded one);
     for live sources, a cap on delivered frames (the rest count as dropped).
+    resolution: (width, height) every frame is resized to (INTER_AREA) on the reader thread; None keeps the
+    source's own size.
     queue_size: frames buffered between the reader thread and the consumer.
     reconnect_initial/reconnect_max: backoff bounds in seconds for live sources.
     fail_fast: a live source that can't be read at start raises instead of waiting for the camera.
@@ -409,18 +436,20 @@ class VideoSource:
         *,
         pacing: Pacing = "every-frame",
         fps: float | None = None,
+        resolution: tuple[int, int] | None = None,
         queue_size: int = 2,
         reconnect_initial: float = 0.5,
         reconnect_max: float = 30.0,
         name: str = "",
         fail_fast: bool = False,
     ) -> None:
-        _check_options(pacing, fps, queue_size, reconnect_initial, reconnect_max)
+        _check_options(pacing, fps, resolution, queue_size, reconnect_initial, reconnect_max)
         self._target = _resolve(url)
         self.name = name or self._target.label
         self.pacing: Pacing = pacing
         self.is_live = self._target.kind == "live"
         self._fps_option = fps
+        self._resolution = (int(resolution[0]), int(resolution[1])) if resolution is not None else None
         self._backoff = (reconnect_initial, reconnect_max)
         self._queue = _FrameQueue(queue_size)
         self._stop = threading.Event()
@@ -453,7 +482,7 @@ class VideoSource:
 
     @property
     def frame_size(self) -> tuple[int, int] | None:
-        """(width, height) of the first frame; None until a live source has delivered one."""
+        """(width, height) of the frames handed out; None until a live source has delivered one."""
         return self._frame_size
 
     @property
@@ -463,6 +492,7 @@ class VideoSource:
 
     @property
     def stats(self) -> SourceStats:
+        now = time.monotonic()
         with self._lock:
             return SourceStats(
                 online=self._online,
@@ -470,7 +500,8 @@ class VideoSource:
                 frames_dropped=self._frames_dropped,
                 reconnects=max(0, self._connections - 1),
                 last_error=self._last_error,
-                fps=self._meter.rate(time.monotonic()),
+                fps=self._meter.rate(now),
+                decode_ms=self._meter.decode_ms(now),
             )
 
     def read(self, timeout: float | None = None) -> Frame | None:
@@ -519,12 +550,14 @@ class VideoSource:
     def _open(self) -> _Reader:
         target = self._target
         if target.kind == "images":
-            return _FolderReader(target.images, f"{target.label} holds no images; add some or use a video")
+            return _FolderReader(
+                target.images, f"{target.label} holds no images; add some or use a video", self._resolution
+            )
         if target.kind == "live":
             failure = f"cannot read video from {target.label}; check the address and that the camera is up"
         else:
             failure = f"{target.label} can't be decoded as video; check that it is a video file that plays"
-        return _CaptureReader(target.location, failure)
+        return _CaptureReader(target.location, failure, self._resolution)
 
     def _went_online(self, reader: _Reader) -> None:
         with self._lock:
@@ -611,7 +644,7 @@ class VideoSource:
                 decoded = reader.read()
                 if decoded is None:
                     return
-                frame = self._frame(*decoded)
+                frame = self._frame(*decoded, reader.decode_s)
                 if pacer is not None and not pacer.wait(self._stop):
                     return
                 over_cap = self._cap is not None and not self._cap.admit(time.monotonic())
@@ -621,13 +654,13 @@ class VideoSource:
         finally:
             reader.close()
 
-    def _frame(self, image: np.ndarray, position_ms: float) -> Frame:
+    def _frame(self, image: np.ndarray, position_ms: float, decode_s: float) -> Frame:
         """Numbers and stamps a freshly decoded image."""
         now = time.monotonic()
         with self._lock:
             index = self._frames_read
             self._frames_read += 1
-            self._meter.tick(now)
+            self._meter.tick(now, decode_s)
         if self.is_live:
             timestamp = self._clock.stamp(position_ms)
         else:

@@ -1,0 +1,170 @@
+"""Edge and cloud YAML configuration: strict keys with their line numbers, ${ENV}, camera defaults, the
+`filterforward config` command, and the example files."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from cloud.config import load_cloud_config
+from edge.config import load_edge_config
+from edge.sources import open_source
+from filterforward.cli import main
+from models.errors import FilterForwardError
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+EDGE = """\
+edge_id: edge-7
+defaults:
+  pacing: every-frame
+  fps: 8
+  resolution: [64, 48]
+cameras:
+  - name: gate
+    source: gate.mp4
+  - name: yard
+    source: rtsp://cam.example/yard
+    pacing: realtime
+    fps: null
+    resolution: [32, 24]
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "edge.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def edge_error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(FilterForwardError) as caught:
+        load_edge_config(write(tmp_path, text))
+    return str(caught.value)
+
+
+def test_cameras_inherit_the_defaults_unless_they_set_their_own(tmp_path: Path) -> None:
+    config = load_edge_config(write(tmp_path, EDGE))
+    gate, yard = config.cameras
+    assert (gate.pacing, gate.fps, gate.resolution) == ("every-frame", 8.0, (64, 48))
+    assert (yard.pacing, yard.fps, yard.resolution) == ("realtime", None, (32, 24))  # null overrides too
+    assert gate.source == str(tmp_path / "gate.mp4") and yard.source == "rtsp://cam.example/yard"
+    assert config.sink.path == tmp_path / "filterforward-out" and config.spool.path == tmp_path / "spool"
+    assert config.metrics_port is None and config.stats_interval == 10.0
+
+
+def test_without_defaults_cameras_get_the_built_in_settings(tmp_path: Path) -> None:
+    config = load_edge_config(write(tmp_path, "cameras: [{name: gate, source: '0'}]\nmetrics_port: 9101\n"))
+    assert (config.cameras[0].pacing, config.cameras[0].fps, config.cameras[0].resolution) == ("realtime", None, None)
+    assert config.metrics_port == 9101
+
+
+def test_an_unknown_top_level_key_names_itself_and_its_line(tmp_path: Path) -> None:
+    message = edge_error(tmp_path, EDGE + "stats_intervall: 5\n")
+    path = tmp_path / "edge.yaml"
+    assert message.startswith(f"config file {path}, line 14: stats_intervall: unknown key; the keys allowed here are:")
+    assert "stats_interval" in message and "\n" not in message
+
+
+def test_an_unknown_nested_key_names_its_path_and_line(tmp_path: Path) -> None:
+    message = edge_error(tmp_path, EDGE.replace("    fps: null\n", "    fps: null\n    resolutoin: [1, 1]\n"))
+    assert ", line 13: cameras.1.resolutoin: unknown key; the keys allowed here are: pacing, fps, resol" in message
+    message = edge_error(tmp_path, EDGE + "cloud:\n  address: cloud.example\n  insecure: true\n  windo: 3\n")
+    assert ", line 17: cloud.windo: unknown key; the keys allowed here are: address," in message
+    message = edge_error(tmp_path, EDGE.replace("  fps: 8\n", "  fps: 8\n  source: x\n"))
+    assert ", line 5: defaults.source: unknown key" in message
+
+
+def test_a_wrong_type_points_at_its_line(tmp_path: Path) -> None:
+    message = edge_error(tmp_path, EDGE.replace("fps: 8", "fps: fast"))
+    assert ", line 4: defaults.fps: Input should be a valid number" in message
+    message = edge_error(tmp_path, EDGE.replace("[32, 24]", "[32, 0]"))
+    assert ", line 13: cameras.1.resolution.1: Input should be greater than 0" in message
+    message = edge_error(tmp_path, EDGE.replace("    source: gate.mp4\n", ""))
+    assert ", line 7: cameras.0.source: required key is missing; add it" in message
+
+
+def test_load_time_checks_say_what_is_wrong(tmp_path: Path) -> None:
+    message = edge_error(tmp_path, EDGE.replace("name: yard", "name: gate"))
+    assert ", line 6: cameras: camera name 'gate' is used more than once" in message
+    (tmp_path / "spool-file").write_text("not a folder")
+    message = edge_error(tmp_path, EDGE + "spool:\n  path: spool-file\n")
+    assert f", line 15: spool.path: {tmp_path / 'spool-file'} is a file; point it at a folder" in message
+    message = edge_error(tmp_path, EDGE + "edge_id: again\n")
+    assert ", line 14: edge_id: given twice (first on line 1); keep one" in message
+    assert ", line 3: the file is not valid YAML" in edge_error(tmp_path, "cameras:\n  - [unclosed\n")
+
+
+def test_env_substitution_names_the_missing_variable_and_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FF_TEST_CAMERA_HOST", raising=False)
+    text = EDGE.replace("cam.example", "${FF_TEST_CAMERA_HOST}") + "# ${FF_TEST_ONLY_IN_A_COMMENT}\n"
+    message = edge_error(tmp_path, text)
+    assert ", line 10: cameras.1.source: uses ${FF_TEST_CAMERA_HOST} but the environment has no" in message
+    monkeypatch.setenv("FF_TEST_CAMERA_HOST", "10.0.0.9")
+    assert load_edge_config(tmp_path / "edge.yaml").cameras[1].source == "rtsp://10.0.0.9/yard"
+    defaulted = EDGE.replace("edge-7", "${FF_TEST_EDGE_ID:-edge-9}")
+    assert load_edge_config(write(tmp_path, defaulted)).edge_id == "edge-9"
+
+
+def test_the_configured_resolution_is_what_frames_come_out_at(tmp_path: Path) -> None:
+    video = tmp_path / "gate.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (96, 64))
+    for index in range(6):
+        writer.write(np.full((64, 96, 3), index * 40, np.uint8))
+    writer.release()
+    gate = load_edge_config(write(tmp_path, EDGE)).cameras[0]
+    with open_source(gate.source, pacing=gate.pacing, fps=gate.fps, resolution=gate.resolution) as source:
+        frames = list(source)
+        assert source.frame_size == (64, 48)
+    assert len(frames) == 6 and all(frame.image.shape == (48, 64, 3) for frame in frames)
+
+
+def test_config_schema_prints_the_json_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "schema", "edge"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert {"cameras", "defaults", "metrics_port", "spool"} <= set(schema["properties"])
+    assert main(["config", "schema", "cloud"]) == 0
+    assert "tokens" in json.loads(capsys.readouterr().out)["properties"]
+
+
+def test_config_check_reports_ok_or_the_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    edge = write(tmp_path, EDGE)
+    assert main(["config", "check", str(edge)]) == 0
+    assert capsys.readouterr().out.startswith(f"ok: {edge} is a valid edge config: edge edge-7, 2 camera(s)")
+
+    bad = write(tmp_path, EDGE + "cloud: {address: x, insecure: true, ingest_port: 0}\n", "bad.yaml")
+    assert main(["config", "check", str(bad), "--kind", "edge"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.endswith("line 14: cloud.ingest_port: Input should be greater than or equal to 1")
+
+    monkeypatch.setenv("FF_TEST_TOKEN", "x" * 20)
+    cloud = write(tmp_path, "tokens: [{name: ops, token: '${FF_TEST_TOKEN}'}]\nzmq: {insecure: true}\n", "cloud.yaml")
+    assert main(["config", "check", str(cloud)]) == 0
+    assert "valid cloud config: HTTP on 127.0.0.1:8000" in capsys.readouterr().out
+    assert main(["config", "check", str(cloud), "--kind", "edge"]) == 2
+    assert "cameras: required key is missing" in capsys.readouterr().err
+
+    neither = write(tmp_path, "edge_id: x\n", "neither.yaml")
+    assert main(["config", "check", str(neither)]) == 2
+    assert "neither cameras: nor tokens:" in capsys.readouterr().err
+
+
+def test_the_example_files_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    edge = load_edge_config(DEPLOY / "edge.example.yaml")
+    parking = edge.cameras[0]
+    assert (parking.pacing, parking.fps, parking.resolution) == ("realtime", None, None)  # overrides the defaults
+    assert edge.defaults.fps == 10 and edge.defaults.resolution == (1280, 720) and edge.metrics_port == 9101
+
+    monkeypatch.setenv("FF_OPERATOR_TOKEN", "o" * 32)
+    monkeypatch.setenv("FF_DASHBOARD_TOKEN", "d" * 32)
+    cloud = load_cloud_config(DEPLOY / "cloud.example.yaml")
+    assert [token.token for token in cloud.tokens] == ["o" * 32, "d" * 32]
+    assert cloud.zmq.edge_keys.resolve() == DEPLOY.parent / "keys" / "edges"
