@@ -11,6 +11,7 @@ EDGE_MODULES = [
     "edge.mcbank",
     "edge.pipeline",
     "edge.sources",
+    "edge.camera_server",
     "models.bundle",
     "filterforward.cli",
 ]

@@ -20,7 +20,7 @@ from support import free_port, wait_until
 from edge.sources import DEFAULT_FPS, Frame, VideoSource, open_source
 from models.errors import FilterForwardError
 
-MJPEG_SERVER = Path(__file__).with_name("mjpeg_server.py")
+REPO = Path(__file__).resolve().parents[1]
 WAIT_S = 15.0  # upper bound for every wait; only a broken source ever reaches it
 CLIP = "car-detection.mp4"
 
@@ -242,7 +242,7 @@ def test_an_image_that_breaks_mid_stream_raises_after_the_good_frames(tmp_path: 
 
 
 class Camera:
-    """The MJPEG server script as a separate process on 127.0.0.1."""
+    """`filterforward camera serve` (the clip at 25 fps, 192 pixels wide) as a separate process on 127.0.0.1."""
 
     def __init__(self, clip: Path, port: int) -> None:
         self.clip, self.port = clip, port
@@ -253,10 +253,12 @@ class Camera:
         return f"http://127.0.0.1:{self.port}/"
 
     def start(self) -> None:
-        command = [sys.executable, str(MJPEG_SERVER), "--clip", str(self.clip), "--port", str(self.port)]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        serve = ["camera", "serve", str(self.clip), "--port", str(self.port), "--fps", "25", "--width", "192"]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "filterforward", *serve], cwd=REPO, stdout=subprocess.PIPE, text=True
+        )
         ready, _, _ = select.select([self.process.stdout], [], [], WAIT_S)
-        assert ready and self.process.stdout.readline().strip() == "ready", "the MJPEG server did not start"
+        assert ready and self.process.stdout.readline().strip() == "ready", "the MJPEG camera did not start"
 
     def stop(self) -> None:
         if self.process is not None:
@@ -356,3 +358,29 @@ def test_live_fps_cap_drops_frames_over_the_cap(camera: Camera) -> None:
         assert source.fps == 5.0
         assert source.stats.frames_dropped > 0
     assert gaps(frames) > 0
+
+
+# -- decode resolution and decode time ------------------------------------------------------------------
+
+
+def test_resolution_resizes_every_frame_before_it_is_handed_out(image_folder: Callable[[int], Path]) -> None:
+    with VideoSource(str(image_folder(3)), resolution=(16, 12)) as source:
+        frames = list(source)
+        assert source.frame_size == (16, 12)
+    assert [frame.image.shape for frame in frames] == [(12, 16, 3)] * 3
+    expected = cv2.resize(folder_image(1), (16, 12), interpolation=cv2.INTER_AREA)
+    np.testing.assert_array_equal(frames[1].image, expected)
+
+
+def test_a_resolution_that_is_not_two_positive_sides_is_rejected(image_folder: Callable[[int], Path]) -> None:
+    with pytest.raises(FilterForwardError, match=r"resolution must be \(width, height\) in positive whole pixels"):
+        VideoSource(str(image_folder(1)), resolution=(0, 12))
+
+
+def test_decode_ms_reports_the_mean_decode_time_of_recent_frames(image_folder: Callable[[int], Path]) -> None:
+    with VideoSource(str(image_folder(5)), resolution=(64, 48)) as source:
+        assert source.stats.decode_ms == 0.0  # no frame handed to the queue yet
+        frames = list(source)
+        stats = source.stats
+    assert len(frames) == 5 and stats.frames_read == 5
+    assert 0.0 < stats.decode_ms < float("inf")
