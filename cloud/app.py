@@ -91,12 +91,13 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     storage = Storage(sessions, store, config.base_url)
     notifier = Notifier(config)
     stack.callback(notifier.close)  # after the ingest stops: flushes what it queued
-    ingest = Ingest(config, storage, sessions, notify=notifier.publish)
+    sweep_now = threading.Event()  # the ingest sets it on a full disk: retention runs early
+    ingest = Ingest(config, storage, sessions, notify=notifier.publish, on_disk_full=sweep_now.set)
     ingest.start()
     stack.callback(ingest.stop)
     ingest_port, publish_port = ingest.ports
     log.info("ingest on %s:%d, filter updates on %s:%d", config.zmq.bind, ingest_port, config.zmq.bind, publish_port)
-    _start_retention(config, sessions, store, stack)
+    _start_retention(config, sessions, store, stack, sweep_now)
     metrics_registry = CollectorRegistry(auto_describe=False)
     counts = {"ingest": lambda: ingest.counts, "notify": lambda: notifier.counts}
     metrics_registry.register(ServiceCollector(sessions, config, counts))
@@ -104,8 +105,11 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     return Services(engine, sessions, store, storage, registry, notifier, ingest, metrics_registry)
 
 
-def _start_retention(config: CloudConfig, sessions: sessionmaker, store: FrameStore, stack: ExitStack) -> None:
-    """Sweep now and every `retention.interval` seconds in a thread until the stack closes."""
+def _start_retention(
+    config: CloudConfig, sessions: sessionmaker, store: FrameStore, stack: ExitStack, wake: threading.Event
+) -> None:
+    """Sweep now, every `retention.interval` seconds and whenever `wake` is set, in a thread until the stack
+    closes."""
     policy = config.retention
     stop = threading.Event()
 
@@ -115,12 +119,15 @@ def _start_retention(config: CloudConfig, sessions: sessionmaker, store: FrameSt
                 retention.sweep(sessions, store, policy.max_age_days, policy.max_bytes)
             except Exception:  # a failed sweep (e.g. the DB briefly away) must not end the sweeps
                 log.exception("retention sweep failed; next try in %.0f s", policy.interval)
-            if stop.wait(policy.interval):
+            wake.wait(policy.interval)
+            wake.clear()
+            if stop.is_set():
                 return
 
     thread = threading.Thread(target=loop, name="retention", daemon=True)
     thread.start()
     stack.callback(thread.join, STOP_WAIT)
+    stack.callback(wake.set)
     stack.callback(stop.set)
 
 

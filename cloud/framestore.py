@@ -8,6 +8,7 @@ ever read or deleted.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
@@ -28,6 +29,10 @@ def safe_part(text: str) -> str:
     return cleaned
 
 
+class DiskFull(FilterForwardError):
+    """The frame store's disk has no room for a payload (ENOSPC or a quota): nothing was stored."""
+
+
 def _shown(relative: str) -> str:
     return repr(relative[:200])  # repr keeps a hostile path on one line
 
@@ -42,7 +47,19 @@ class FrameStore:
         if kind not in KINDS:
             raise FilterForwardError(f"unknown payload kind {kind!r}: use one of {', '.join(KINDS)}")
         relative = PurePosixPath(kind, safe_part(edge), safe_part(camera), safe_part(name))
-        target = self.root / relative
+        try:
+            self._write_atomically(self.root / relative, data)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise DiskFull(
+                f"frame store {self.root} is full ({exc.strerror}): could not write {len(data)} bytes to {relative}; "
+                "free space there or lower retention.max_bytes / retention.max_age_days"
+            ) from None
+        return str(relative)
+
+    @staticmethod
+    def _write_atomically(target: Path, data: bytes) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
         try:
@@ -54,7 +71,6 @@ class FrameStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return str(relative)
 
     def open_path(self, relative: str) -> Path:
         """The absolute path of a stored file; FilterForwardError if `relative` leads outside the store or is gone."""

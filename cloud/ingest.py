@@ -7,7 +7,10 @@ loop pass. It answers heartbeats at once and snapshot requests from the database
 every 0.1 s publishes the FilterChange rows newer than the last one it published, in version order.
 
 A message that cannot be decoded or names another edge is counted, answered with Error and dropped; a
-message that fails to store is logged and not acknowledged (the edge sends it again). Nothing stops the loop.
+message that fails to store is logged and not acknowledged (the edge sends it again). A full disk (frame store
+or database) is such a failure too: counted as "disk_full", logged once per episode, and it asks for an early
+retention sweep (`on_disk_full`); the edges keep their messages spooled until there is room. Nothing stops
+the loop.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from sqlalchemy.orm import sessionmaker
 
 from cloud.config import CloudConfig
 from cloud.db import Filter, FilterChange
-from cloud.storage import Notification, Storage
+from cloud.storage import Notification, Storage, is_disk_full
 from cloud.zap import PUBLIC_KEY_PROPERTY, ZapHandler
 from edge.curve import make_server
 from edge.protocol import (
@@ -62,6 +65,7 @@ COUNTS = (
     "malformed",  # messages that do not follow the protocol
     "unauthenticated",  # refused CURVE handshakes and messages naming another edge than their key's
     "failed",  # messages whose handling failed, e.g. a database error (not acknowledged: the edge resends)
+    "disk_full",  # messages not stored for lack of disk space (not acknowledged either)
     "acked",  # seqs acknowledged
     "heartbeats",  # edge heartbeats answered
     "snapshots",  # snapshot requests answered
@@ -84,11 +88,14 @@ class Ingest:
         storage: Storage,
         sessions: sessionmaker,
         notify: Callable[[Notification], None],
+        on_disk_full: Callable[[], None] | None = None,
     ) -> None:
         self._config = config.zmq
         self._storage = storage
         self._sessions = sessions
         self._notify = notify
+        self._on_disk_full = on_disk_full  # asks for a retention sweep now
+        self._disk_full = False  # in a full-disk episode: logged at its start and end only
         self.session_id = secrets.token_hex(8)  # the edges see it change when the cloud restarts
         self.counts = dict.fromkeys(COUNTS, 0)
         self._lock = threading.Lock()  # guards counts: the ZAP thread counts refusals
@@ -265,6 +272,9 @@ class Ingest:
         else:
             notifications = self._storage.store_event(edge, header, payload)
         self._count("duplicates" if self._storage.counts["duplicates"] > duplicates else "stored")
+        if self._disk_full and payload:  # a message without a file says nothing about the frame store's room
+            self._disk_full = False
+            log.info("ingest: storing again; the edges resend what was refused for lack of space")
         self._hand_out(notifications)
         return header.seq
 
@@ -278,12 +288,29 @@ class Ingest:
         """work(*args), or None when it fails: the failure is logged and counted, the loop goes on."""
         try:
             return work(*args)
-        except Exception:  # a storage or notify failure must cost one message, never the ingest
+        except Exception as exc:  # a storage or notify failure must cost one message, never the ingest
+            if is_disk_full(exc):
+                self._disk_full_now(exc)
+                return None
             self._count("failed")
             log.exception(
                 "ingest: %s failed (a frame or event stays unacknowledged: its edge resends it)", work.__name__
             )
             return None
+
+    def _disk_full_now(self, exc: Exception) -> None:
+        self._count("disk_full")
+        if self._disk_full:
+            return
+        self._disk_full = True
+        log.error(
+            "ingest: %s; nothing is acknowledged until there is room (the edges keep their messages spooled and "
+            "resend them)%s",
+            getattr(exc, "orig", None) or exc,
+            "; running a retention sweep now" if self._on_disk_full else "",
+        )
+        if self._on_disk_full is not None:
+            self._on_disk_full()
 
     def _send(self, identity: bytes, header: Any, payload: bytes = b"") -> None:
         # ROUTER drops what it cannot route (edge gone, queue full): the edge resends or asks again

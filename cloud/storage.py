@@ -15,7 +15,9 @@ hands out again what a restart left unmarked.
 
 from __future__ import annotations
 
+import errno
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,11 +25,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import ColumnElement, exists, not_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.db import Camera, Counter, Edge, Event, EventFrame, Received, StoredFrame, utcnow
-from cloud.framestore import FrameStore
+from cloud.framestore import DiskFull, FrameStore
 from edge.protocol import EventHeader, FrameHeader, Hello, Stats
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Phase = Literal["start", "end"]
 TRIES = 3  # a transaction that lost an insert race runs again; the second try finds the winner's row
+PG_DISK_FULL = "53100"  # PostgreSQL's SQLSTATE disk_full
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,21 @@ class Notification:
 
 class _Duplicate(Exception):
     """The message's (edge, seq) is stored already."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a store failed for lack of disk space: in the frame store (DiskFull), or in the database
+    (SQLite's "database or disk is full", PostgreSQL's disk_full)."""
+    if isinstance(exc, DiskFull):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    if isinstance(exc, DBAPIError):
+        orig = exc.orig
+        if isinstance(orig, sqlite3.Error):
+            return getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(orig)
+        return getattr(orig, "sqlstate", None) == PG_DISK_FULL
+    return False
 
 
 def transact(sessions: sessionmaker, work: Callable[[Session], T]) -> T:

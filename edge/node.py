@@ -1,16 +1,27 @@
-"""An edge node: one base DNN and one MC bank shared by all configured cameras, each in its own thread."""
+"""An edge node: one base DNN and one MC bank shared by all configured cameras, each in its own thread.
+
+Stopping (`stop()`, from SIGTERM or Ctrl-C): the cameras stop reading, their pipelines close the open events
+(the end messages go to the spool like any other), the uplink gets up to min(DRAIN_MAX, cloud.timeout)
+seconds to have the spool acknowledged while the cloud answers, then the filter sync, the uplink and the
+spool close. A `stop()` during that wait (the second signal) cuts it short. What stays spooled goes first
+on the next start.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edge.basednn import BaseDNN
 from edge.config import CameraConfig, EdgeConfig
 from edge.filtersync import FilterSync
 from edge.mcbank import MCBank
-from edge.pipeline import CameraPipeline
+from edge.metrics import EdgeCollector, MetricsServer
+from edge.pipeline import CameraPipeline, StageStats
 from edge.sink import FolderSink, Sink
 from edge.sources import open_source
 from edge.uplink import Uplink
@@ -19,6 +30,9 @@ from models.filterspec import FilterSpec
 
 log = logging.getLogger(__name__)
 
+DRAIN_MAX = 10.0  # seconds a stopping node waits at most for the cloud to acknowledge the spool
+POLL = 0.1  # seconds between checks for a stop request (a signal handler only bumps a counter)
+
 
 def load_filters(bank: MCBank, bundles: list[Path]) -> list[tuple[FilterSpec, bytes]]:
     filters = [load_bundle(path) for path in bundles]
@@ -26,11 +40,26 @@ def load_filters(bank: MCBank, bundles: list[Path]) -> list[tuple[FilterSpec, by
     return filters
 
 
+@dataclass
+class _Totals:
+    """A camera's counts since the node started (the pipeline's own start afresh every stats window)."""
+
+    frames: int = 0
+    matched: int = 0
+    bytes_out: int = 0
+
+    def add(self, stats: StageStats) -> None:
+        self.frames += stats.frames
+        self.matched += stats.matched
+        self.bytes_out += stats.bytes_out
+
+
 class EdgeNode:
     """Runs every camera until its source ends or `stop()` is called; logs per-camera stats periodically.
 
     With a `cloud` link configured (and no sink given), matched frames go to the cloud through the uplink
-    and the cloud's filters are kept in the bank by the filter sync."""
+    and the cloud's filters are kept in the bank by the filter sync. With `metrics_port` set, /metrics
+    serves the cameras' and the uplink's numbers while `run()` runs."""
 
     def __init__(self, config: EdgeConfig, sink: Sink | None = None):
         self.config = config
@@ -45,31 +74,67 @@ class EdgeNode:
             named = {spec.name: (spec, onnx) for spec, onnx in local}
             self.filtersync = FilterSync(self.bank, self.uplink, config.cloud, cameras, named)
         self.sink = sink or self.uplink or FolderSink(config.sink.path)
-        self._stop = threading.Event()
+        self.metrics: MetricsServer | None = None
+        self._stop = threading.Event()  # set by run() once a stop was asked for: the camera threads see it
+        self._stop_requests = 0  # stop() only increments this: safe in a signal handler
         self._sources = {
-            cam.name: open_source(cam.source, pacing=cam.pacing, fps=cam.fps, name=cam.name) for cam in config.cameras
+            cam.name: open_source(cam.source, pacing=cam.pacing, fps=cam.fps, resolution=cam.resolution, name=cam.name)
+            for cam in config.cameras
         }
         self.pipelines = {
             cam.name: CameraPipeline(cam.name, self.base, self.bank, self.sink, self._sources[cam.name].fps)
             for cam in config.cameras
         }
+        self._stats_lock = threading.Lock()  # the window swap against /metrics reading the totals
+        self._totals = {name: _Totals() for name in cameras}
+        self._window: dict[str, dict[str, Any]] = {}  # each camera's last stats window
 
     def run(self) -> None:
-        self._connect()
-        threads = [
-            threading.Thread(target=self._run_camera, args=(cam,), name=f"camera-{cam.name}", daemon=True)
-            for cam in self.config.cameras
-        ]
-        for thread in threads:
-            thread.start()
-        while any(t.is_alive() for t in threads):
-            if self._stop.wait(self.config.stats_interval):
-                break
-            self.log_stats()
-        for thread in threads:
-            thread.join()
-        self.log_stats(final=True)
-        self._close()
+        """Until every source ends or `stop()`; then close the open events, drain the uplink and close."""
+        self._start_metrics()
+        try:
+            self._connect()
+            threads = [
+                threading.Thread(target=self._run_camera, args=(cam,), name=f"camera-{cam.name}", daemon=True)
+                for cam in self.config.cameras
+            ]
+            for thread in threads:
+                thread.start()
+            self._supervise(threads)
+            self._stop.set()
+            # A camera blocked on its next frame gets None once its source closes: its loop ends and its events
+            # close. In parallel: a live source's reader may take seconds to give up a stalled connection.
+            closers = [threading.Thread(target=source.close) for source in self._sources.values()]
+            for thread in closers:
+                thread.start()
+            for thread in closers + threads:
+                thread.join()
+            self.log_stats(final=True)
+            self._close()
+        finally:
+            if self.metrics is not None:
+                self.metrics.close()
+
+    def stop(self) -> None:
+        """Ask the node to stop (see the module doc); a call while the uplink drains cuts that short.
+
+        Only increments a counter (no locks), so it is safe from a signal handler and from any thread."""
+        self._stop_requests += 1
+
+    def _stopping(self) -> bool:
+        return self._stop_requests > 0
+
+    def _supervise(self, threads: list[threading.Thread]) -> None:
+        """Log stats every stats_interval until the cameras have all ended or a stop is requested."""
+        next_stats = time.monotonic() + self.config.stats_interval
+        while any(thread.is_alive() for thread in threads):
+            if self._stopping():
+                log.info("stopping: closing the cameras' open events")
+                return
+            if time.monotonic() >= next_stats:
+                self.log_stats()
+                next_stats = time.monotonic() + self.config.stats_interval
+            time.sleep(max(0.0, min(POLL, next_stats - time.monotonic())))
 
     def _connect(self) -> None:
         """Start the uplink and the filter sync; wait (up to the link's timeout) for the cloud's filters."""
@@ -78,24 +143,44 @@ class EdgeNode:
         self.uplink.start()
         self.filtersync.start()
         timeout = self.config.cloud.timeout
-        if not self.filtersync.synced.wait(timeout):
-            log.warning(
-                "no filters from the cloud within %g s: starting with the local ones; the cloud's follow", timeout
-            )
+        deadline = time.monotonic() + timeout
+        while not self.filtersync.synced.wait(POLL):
+            if self._stopping():
+                return
+            if time.monotonic() >= deadline:
+                log.warning(
+                    "no filters from the cloud within %g s: starting with the local ones; the cloud's follow", timeout
+                )
+                return
 
     def _close(self) -> None:
         if self.filtersync is not None:
             self.filtersync.close()
-        if self.uplink is not None and self.uplink.connected:
-            timeout = self.config.cloud.timeout
-            if not self.uplink.wait_drained(timeout):
-                log.warning(
-                    "%d message(s) not acknowledged within %g s stay spooled for the next start",
-                    self.uplink.spool.messages,
-                    timeout,
-                )
+        if self.uplink is not None:
+            self._drain(self.uplink)
         self.bank.close()
         self.sink.close()
+
+    def _drain(self, uplink: Uplink) -> None:
+        """Wait for the cloud to acknowledge the spool: up to min(DRAIN_MAX, cloud.timeout) s while it answers,
+        until a stop request comes meanwhile. The rest stays spooled and goes first on the next start."""
+        limit = min(DRAIN_MAX, self.config.cloud.timeout)
+        deadline, requests = time.monotonic() + limit, self._stop_requests
+        if uplink.spool.messages and uplink.connected:
+            log.info(
+                "waiting up to %g s for the cloud to acknowledge %d spooled message(s)", limit, uplink.spool.messages
+            )
+        while uplink.spool.messages and uplink.connected and time.monotonic() < deadline:
+            if self._stop_requests > requests:
+                log.warning("stopping at once (asked again): not waiting for the cloud's acknowledgements")
+                break
+            uplink.wait_drained(POLL)
+        if uplink.spool.messages:
+            log.warning(
+                "%d message(s) the cloud has not acknowledged stay spooled in %s for the next start",
+                uplink.spool.messages,
+                uplink.spool.path,
+            )
 
     def _run_camera(self, camera: CameraConfig) -> None:
         source, pipeline = self._sources[camera.name], self.pipelines[camera.name]
@@ -115,24 +200,70 @@ class EdgeNode:
         cameras: dict[str, dict] = {}
         for name, pipeline in self.pipelines.items():
             source = self._sources[name]
-            s = pipeline.take_stats().summary(dropped=source.stats.frames_dropped)
-            cameras[name] = {**s, "online": source.stats.online and not final}
+            stats = source.stats
+            with self._stats_lock:
+                window = pipeline.take_stats()
+                self._totals[name].add(window)
+                s = window.summary(dropped=stats.frames_dropped)
+                cameras[name] = self._window[name] = {
+                    **s,
+                    "decode_ms": stats.decode_ms,
+                    "online": stats.online and not final,
+                }
             log.info(
-                "camera %s: %.1f fps, base %.1f ms, MCs %.1f ms, %d matched, %d bytes, %d dropped so far%s",
+                "camera %s: %.1f fps, decode %.1f ms, base %.1f ms, MCs %.1f ms, %d matched, %d bytes, "
+                "%d dropped so far%s",
                 name,
                 s["fps"],
+                stats.decode_ms,
                 s["base_ms"],
                 s["mc_ms"],
                 s["matched"],
                 s["bytes_out"],
                 s["dropped"],
-                " (ended)" if source.ended else "" if source.stats.online else " (offline)",
+                _state(source.ended, stats.online, stopped=final and self._stopping()),
             )
         if self.uplink is not None and self.filtersync is not None:
-            sync = {"filters_version": self.filtersync.version, "filter_errors": self.filtersync.errors}
-            self.uplink.send_stats(cameras, sync)
+            self.uplink.send_stats(cameras, self._filter_stats())
 
-    def stop(self) -> None:
-        self._stop.set()
-        for source in self._sources.values():
-            source.close()
+    # -- /metrics ----------------------------------------------------------------------------------------------
+
+    def camera_metrics(self) -> dict[str, dict[str, Any]]:
+        """Per camera: the last window's rates and times, counts since the start, and whether it is online."""
+        metrics = {}
+        for name, pipeline in self.pipelines.items():
+            stats = self._sources[name].stats
+            with self._stats_lock:
+                current, totals, window = pipeline.stats, self._totals[name], self._window.get(name, {})
+                metrics[name] = {
+                    "fps": window.get("fps", 0.0),
+                    "base_ms": window.get("base_ms", 0.0),
+                    "mc_ms": window.get("mc_ms", 0.0),
+                    "decode_ms": stats.decode_ms,
+                    "frames": totals.frames + current.frames,
+                    "matched": totals.matched + current.matched,
+                    "dropped": stats.frames_dropped,
+                    "online": stats.online and not self._stop.is_set(),
+                }
+        return metrics
+
+    def _filter_stats(self) -> dict[str, int]:
+        return {"filters_version": self.filtersync.version, "filter_errors": self.filtersync.errors}
+
+    def _start_metrics(self) -> None:
+        if self.config.metrics_port is None:
+            return
+        collector = EdgeCollector(
+            self.config.edge_id,
+            self.camera_metrics,
+            self.uplink.stats if self.uplink is not None else None,
+            self._filter_stats if self.filtersync is not None else None,
+        )
+        self.metrics = MetricsServer(self.config.metrics_port, collector)
+
+
+def _state(ended: bool, online: bool, stopped: bool) -> str:
+    """The stats line's ending: why a camera delivers no more frames, if it does not."""
+    if stopped:
+        return " (stopped)"
+    return " (ended)" if ended else "" if online else " (offline)"

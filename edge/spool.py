@@ -13,16 +13,30 @@ the seqs (which the cloud deduplicates on) of the one before it.
 The spool is bounded in bytes: an append that takes it over `max_bytes` drops the OLDEST messages and
 counts them in `dropped`; a warning says how many (one per DROP_REPORT_INTERVAL while it keeps dropping,
 and the rest at close).
+
+A full disk is handled by the same rule. On a disk with less than DISK_HEADROOM bytes free an append first
+drops the oldest messages worth a little more than its own size, so the file stops growing and the new
+message reuses their pages; the first such drop also checkpoints, so no WAL frame is left waiting to grow
+the file. SQLite needs that headroom: on a disk with no byte left, a checkpoint that must grow the file
+fails, and then not even a delete can be committed. If an append still fails with "database or disk is
+full" (ENOSPC; say, another process took the last bytes), the spool checkpoints, drops the oldest messages
+and tries once more; failing that, the new message is dropped. Either way it is counted in `dropped`,
+nothing is raised to the camera thread, and one warning per episode says so (one line when the disk has
+room again).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import shutil
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from models.errors import FilterForwardError
 
@@ -30,12 +44,28 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "spool.sqlite"
 DROP_REPORT_INTERVAL = 30.0  # seconds between warnings while a full spool keeps dropping
+DISK_HEADROOM = 8 * 2**20  # bytes the spool leaves free on its disk: SQLite's WAL (~4 MB) and a checkpoint
+DROP_SLACK = 2**16  # a drop for disk space frees this much more than the new message needs: no page-count creep
 Frames = list[bytes]
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (seq INTEGER PRIMARY KEY, size INTEGER NOT NULL, frames BLOB NOT NULL);
 """
+
+
+class _DiskFull(Exception):
+    """A write failed for lack of disk space (SQLITE_FULL or ENOSPC); the transaction was rolled back."""
+
+
+@dataclass
+class _Dropped:
+    """The oldest messages one delete removed."""
+
+    count: int = 0
+    freed: int = 0
+    last: int | None = None  # the highest seq among them
 
 
 class Spool:
@@ -46,8 +76,10 @@ class Spool:
             raise FilterForwardError(f"spool max_bytes must be positive, got {max_bytes}")
         self.path = Path(folder) / FILE_NAME
         self.max_bytes = max_bytes
-        self.dropped = 0
+        self.dropped = 0  # messages lost: over the bound or for lack of disk space
         self._unreported, self._last_dropped, self._next_report = 0, 0, 0.0  # drops not yet in a warning
+        self._disk_full = False  # in a full-disk episode (reported once)
+        self._disk_dropped, self._rejected = 0, 0  # this episode: oldest dropped, new ones not stored
         self._lock = threading.Lock()
         self._db = _connect(self.path)
         self._next_seq = self._load_next_seq()
@@ -68,19 +100,25 @@ class Spool:
         """The highest seq handed out so far (stored or not)."""
         return self._next_seq - 1
 
-    def append(self, build: Callable[[int], Frames]) -> int:
-        """Store the message `build(seq)` under the next seq, in one transaction; returns the seq."""
-        with self._lock, self._db:
+    def append(self, build: Callable[[int], Frames]) -> int | None:
+        """Store the message `build(seq)` under the next seq, in one transaction; returns the seq, or None when
+        a full disk left no room for it (counted in `dropped`; the seq is used again)."""
+        with self._lock:
             seq = self._next_seq
             frames = build(seq)
-            size = sum(len(frame) for frame in frames)
-            self._db.execute("INSERT INTO messages (seq, size, frames) VALUES (?, ?, ?)", (seq, size, _pack(frames)))
-            self._db.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (seq + 1,))
+            size, blob = sum(len(frame) for frame in frames), _pack(frames)
+            low = self._disk_low(size)
+            if low:
+                self._drop_for_disk(size)
+            try:
+                self._insert(seq, size, blob)
+            except _DiskFull:
+                if not self._retry_after_full(seq, size, blob):
+                    return None
+            else:
+                if not low and self._disk_full:
+                    self._disk_room_again()
             self._next_seq = seq + 1
-            self._messages += 1
-            self._bytes += size
-            if self._bytes > self.max_bytes:
-                self._drop_oldest()
         return seq
 
     def after(self, seq: int, limit: int) -> list[tuple[int, Frames]]:
@@ -98,19 +136,21 @@ class Spool:
         return _unpack(row[0]) if row else None
 
     def ack(self, seqs: Iterable[int]) -> int:
-        """Forget the acknowledged messages; returns how many were still stored."""
+        """Forget the acknowledged messages; returns how many were still stored. On a disk too full even for
+        that they stay (0 is returned): resent later, the cloud acknowledges them again as duplicates."""
         seqs = list(seqs)
         if not seqs:
             return 0
-        with self._lock, self._db:
-            removed, freed = 0, 0
-            for chunk in (seqs[i : i + 500] for i in range(0, len(seqs), 500)):  # SQLite's parameter limit
-                marks = ",".join("?" * len(chunk))
-                count, size = self._db.execute(
-                    f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM messages WHERE seq IN ({marks})", chunk
-                ).fetchone()
-                self._db.execute(f"DELETE FROM messages WHERE seq IN ({marks})", chunk)
-                removed, freed = removed + count, freed + size
+        with self._lock:
+            try:
+                removed, freed = self._write(lambda: self._delete(seqs))
+            except _DiskFull:
+                self._checkpoint()
+                try:
+                    removed, freed = self._write(lambda: self._delete(seqs))
+                except _DiskFull:
+                    self._full_disk_episode()
+                    return 0
             self._messages -= removed
             self._bytes -= freed
         return removed
@@ -121,20 +161,147 @@ class Spool:
                 self._report_drops()
             self._db.close()
 
-    def _drop_oldest(self) -> None:
-        """Drop the oldest messages until the spool fits its bound again (inside the caller's transaction)."""
-        excess, count, freed, last = self._bytes - self.max_bytes, 0, 0, None
-        for seq, size in self._db.execute("SELECT seq, size FROM messages ORDER BY seq"):
-            count, freed, last = count + 1, freed + size, seq
-            if freed >= excess:
+    # -- writing ----------------------------------------------------------------------------------------------
+
+    def _write(self, work: Callable[[], T]) -> T:
+        """work() in one transaction; _DiskFull (rolled back) when the disk has no room for it."""
+        try:
+            with self._db:
+                return work()
+        except (sqlite3.OperationalError, OSError) as exc:
+            if _is_disk_full(exc):
+                raise _DiskFull from exc
+            raise
+
+    def _insert(self, seq: int, size: int, blob: bytes) -> None:
+        """Store one message (and drop the oldest if that takes the spool over its bound); counts after commit."""
+
+        def work() -> _Dropped:
+            self._db.execute("INSERT INTO messages (seq, size, frames) VALUES (?, ?, ?)", (seq, size, blob))
+            self._db.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (seq + 1,))
+            excess = self._bytes + size - self.max_bytes
+            return self._delete_oldest(excess) if excess > 0 else _Dropped()
+
+        dropped = self._write(work)
+        self._messages += 1
+        self._bytes += size
+        if dropped.count:
+            self._forget(dropped)
+            self._unreported, self._last_dropped = self._unreported + dropped.count, dropped.last
+            if time.monotonic() >= self._next_report:
+                self._report_drops()
+
+    def _delete(self, seqs: list[int]) -> tuple[int, int]:
+        removed, freed = 0, 0
+        for chunk in (seqs[i : i + 500] for i in range(0, len(seqs), 500)):  # SQLite's parameter limit
+            marks = ",".join("?" * len(chunk))
+            count, size = self._db.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM messages WHERE seq IN ({marks})", chunk
+            ).fetchone()
+            self._db.execute(f"DELETE FROM messages WHERE seq IN ({marks})", chunk)
+            removed, freed = removed + count, freed + size
+        return removed, freed
+
+    def _delete_oldest(self, excess: int) -> _Dropped:
+        """Delete the oldest messages worth at least `excess` bytes (all if they fall short), inside the caller's
+        transaction; the caller updates the counts once it commits."""
+        dropped = _Dropped()
+        for seq, size in self._db.execute("SELECT seq, size FROM messages ORDER BY seq").fetchall():
+            dropped.count, dropped.freed, dropped.last = dropped.count + 1, dropped.freed + size, seq
+            if dropped.freed >= excess:
                 break
-        self._db.execute("DELETE FROM messages WHERE seq <= ?", (last,))
-        self._messages -= count
-        self._bytes -= freed
-        self.dropped += count
-        self._unreported, self._last_dropped = self._unreported + count, last
-        if time.monotonic() >= self._next_report:
-            self._report_drops()
+        if dropped.last is not None:
+            self._db.execute("DELETE FROM messages WHERE seq <= ?", (dropped.last,))
+        return dropped
+
+    def _forget(self, dropped: _Dropped) -> None:
+        self._messages -= dropped.count
+        self._bytes -= dropped.freed
+        self.dropped += dropped.count
+
+    # -- a full disk ------------------------------------------------------------------------------------------
+
+    def _disk_low(self, size: int) -> bool:
+        """True when storing `size` more bytes would eat into the headroom SQLite needs on this disk."""
+        try:
+            free = shutil.disk_usage(self.path.parent).free
+        except OSError:
+            return False  # unknown: the insert will tell
+        return free < DISK_HEADROOM + size
+
+    def _drop_for_disk(self, size: int) -> None:
+        """Drop the oldest messages (in their own transaction) until the file's free pages hold `size` bytes and
+        some slack, so the new message reuses them; nothing when the whole spool would not make that room."""
+        self._full_disk_episode()
+        pages, page_size = (
+            self._db.execute(f"PRAGMA {name}").fetchone()[0] for name in ("freelist_count", "page_size")
+        )
+        needed = size + DROP_SLACK - pages * page_size
+        if needed <= 0 or needed > self._bytes:
+            return
+        try:
+            dropped = self._write(lambda: self._delete_oldest(needed))
+        except _DiskFull:
+            return
+        self._forget(dropped)
+        self._disk_dropped += dropped.count
+
+    def _retry_after_full(self, seq: int, size: int, blob: bytes) -> bool:
+        """After an append failed for lack of space: checkpoint, drop the oldest, try once more. False when the
+        new message had to be dropped instead."""
+        self._checkpoint()
+        self._drop_for_disk(size)
+        try:
+            self._insert(seq, size, blob)
+            return True
+        except _DiskFull:
+            pass
+        self.dropped += 1
+        self._rejected += 1
+        if self._rejected == 1:
+            log.warning(
+                "spool %s: the disk is full and no room could be made: new messages are dropped (seq %d is the "
+                "first; %d dropped so far) until its disk has free space",
+                self.path,
+                seq,
+                self.dropped,
+            )
+        return False
+
+    def _checkpoint(self) -> None:
+        """Move the WAL into the database so the WAL's space is written from its start again (no growth).
+        Best effort: when it cannot (no room, or another process reading), the retry that follows says so."""
+        try:
+            self._db.execute("PRAGMA wal_checkpoint(RESTART)")
+        except sqlite3.OperationalError as exc:
+            log.debug("spool %s: checkpoint failed: %s", self.path, exc)
+
+    def _full_disk_episode(self) -> None:
+        """At the start of an episode: checkpoint while there is still room to (see the module doc), and say so."""
+        if self._disk_full:
+            return
+        self._disk_full = True
+        self._checkpoint()
+        log.warning(
+            "spool %s: its disk is (nearly) full, %d bytes free: dropping the oldest unacknowledged messages to "
+            "make room for new ones until space is freed on that disk (the spool leaves %d bytes free)",
+            self.path,
+            _free_bytes(self.path.parent),
+            DISK_HEADROOM,
+        )
+
+    def _disk_room_again(self) -> None:
+        log.info(
+            "spool %s: its disk has room again (%d bytes free); %d old and %d new message(s) were dropped for "
+            "lack of space",
+            self.path,
+            _free_bytes(self.path.parent),
+            self._disk_dropped,
+            self._rejected,
+        )
+        self._disk_full, self._disk_dropped, self._rejected = False, 0, 0
+
+    # -- reporting and opening --------------------------------------------------------------------------------
 
     def _report_drops(self) -> None:
         """One warning for the drops since the last one (a full spool drops on every append: no flood)."""
@@ -158,12 +325,26 @@ class Spool:
             return self._db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()[0]
 
 
+def _is_disk_full(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.Error):
+        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return -1
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, check_same_thread=False, timeout=30, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA secure_delete=FAST")  # Debian's default (ON) writes every acked byte again, as zeros
         db.executescript(_SCHEMA)
     except (OSError, sqlite3.Error) as exc:
         raise FilterForwardError(

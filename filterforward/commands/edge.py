@@ -16,8 +16,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Runs the base DNN once per frame on every configured camera, every loaded filter on its "
         "taps, and sends matched frames (JPEG), event clips and events to the cloud when `cloud:` is configured "
         "(spooled on disk until acknowledged; the cloud's filters are applied as they change), else writes them "
-        "with events.jsonl to the sink folder. Logs a stats line per camera every stats_interval seconds. Stops "
-        "at the end of file sources or on Ctrl-C/SIGTERM.",
+        "with events.jsonl to the sink folder. Logs a stats line per camera every stats_interval seconds and "
+        "serves Prometheus metrics on metrics_port when set. Stops at the end of file sources or on "
+        "Ctrl-C/SIGTERM: open events are closed and the cloud gets up to min(10 s, cloud.timeout) to "
+        "acknowledge what is spooled (a second signal stops at once); the rest is sent first on the next start.",
     )
     run_parser.add_argument("--config", type=Path, required=True, help="edge YAML file")
     run_parser.set_defaults(func=run)
@@ -28,9 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from edge.node import EdgeNode
 
     node = EdgeNode(load_edge_config(args.config))
-    signal.signal(signal.SIGTERM, lambda *_: node.stop())
-    try:
-        node.run()
-    except KeyboardInterrupt:
-        node.stop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: node.stop())
+    node.run()
     return 0

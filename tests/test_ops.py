@@ -1,0 +1,492 @@
+"""Operations: graceful shutdown and restart of a real `filterforward edge run`, its /metrics, and full disks.
+
+The process tests run a real cloud (`filterforward cloud serve`, insecure ZeroMQ on loopback) and a real edge
+replaying the real car clip with an always-firing filter, so every processed frame goes up. Nothing lost is
+checked on the edge's own sequence numbers: every seq the edge assigned from its first start on is in the
+cloud's `received` table and the spool is empty at the end. The full disks are real: a small tmpfs mounted
+for the test (root only; skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+import zmq
+from cloud_server import REPO, CloudServer, run_cloud, write_config
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
+from support import free_port, wait_until
+
+from cloud.config import CloudConfig, TokenConfig, ZmqConfig
+from cloud.db import Received, StoredFrame, make_engine, session_factory
+from cloud.framestore import FrameStore
+from cloud.ingest import Ingest
+from cloud.storage import Storage
+from edge.protocol import Ack, EventHeader, EventInfo, FrameHeader, decode, encode
+from edge.spool import DISK_HEADROOM, Spool
+from models.bundle import write_bundle
+
+EDGE, CAMERA = "edge-1", "gate"
+SIZE = (384, 224)
+WAIT = 120.0  # seconds; only keeps a broken test from hanging
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+# -- real small disks --------------------------------------------------------------------------------------
+
+
+@contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path` for the duration; skips the test where that is not possible."""
+    if os.geteuid() != 0:
+        pytest.skip("a full disk is simulated with a small tmpfs, and mounting one needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(folder: Path) -> Path:
+    """A file that takes every free byte of `folder`'s disk."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        for chunk in (b"\0" * 2**16, b"\0" * 512):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, chunk)
+    finally:
+        os.close(fd)
+    with pytest.raises(OSError) as full:
+        (folder / "probe").write_bytes(b"\0" * 4096)
+    assert full.value.errno == errno.ENOSPC
+    return filler
+
+
+# -- a real edge process -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Edge:
+    """`filterforward edge run` on a config in `root`: its log, its spool, its /metrics."""
+
+    root: Path
+    metrics_port: int
+    process: subprocess.Popen | None = None
+
+    @property
+    def config(self) -> Path:
+        return self.root / "edge.yaml"
+
+    def configure(self, cloud: CloudServer, source: Path, bundle: Path, timeout: float) -> None:
+        settings = cloud.config.zmq
+        config = {
+            "edge_id": EDGE,
+            "input_size": list(SIZE),
+            "defaults": {"pacing": "realtime", "resolution": [384, 216]},
+            "cameras": [{"name": CAMERA, "source": str(source)}],
+            "filters": [str(bundle)],
+            "cloud": {
+                "address": "127.0.0.1",
+                "ingest_port": settings.ingest_port,
+                "publish_port": settings.publish_port,
+                "insecure": True,
+                "heartbeat": 0.3,
+                "timeout": timeout,
+            },
+            "spool": {"path": str(self.root / "spool")},
+            "stats_interval": 0.5,
+            "metrics_port": self.metrics_port,
+        }
+        self.config.write_text(yaml.safe_dump(config))
+
+    def start(self) -> None:
+        with (self.root / "edge.log").open("a") as log:
+            command = [sys.executable, "-m", "filterforward", "edge", "run", "--config", str(self.config)]
+            self.process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+    def terminate(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+
+    def exit_code(self) -> int:
+        try:
+            return self.process.wait(timeout=WAIT)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log(self) -> str:
+        return (self.root / "edge.log").read_text()
+
+    def spool(self) -> Spool:
+        return Spool(self.root / "spool", 2**30)
+
+    def spooled(self) -> list[int]:
+        spool = self.spool()
+        try:
+            return [seq for seq, _ in spool.after(0, 10**6)]
+        finally:
+            spool.close()
+
+    def metrics(self) -> Samples:
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        """One value from /metrics now; None while the endpoint is not up (or lacks it)."""
+        try:
+            return self.metrics().get((name, tuple(sorted(labels.items()))))
+        except httpx.TransportError:
+            return None
+
+
+def scrape(url: str) -> Samples:
+    text = httpx.get(url, timeout=5).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+@pytest.fixture(scope="module")
+def always_bundle(make_filter, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec, onnx = make_filter("full_frame", "late", SIZE, name="always", bias=10.0)
+    return write_bundle(tmp_path_factory.mktemp("always") / "always", spec, onnx)
+
+
+@pytest.fixture
+def clip(intel_car: Path) -> Path:
+    """The whole real clip (377 frames at 12.5 fps): at real-time pacing a signal lands mid-stream."""
+    return intel_car / "car-detection.mp4"
+
+
+@pytest.fixture
+def edge(tmp_path: Path) -> Iterator[Edge]:
+    edge = Edge(tmp_path, free_port())
+    yield edge
+    edge.kill()
+
+
+def first_seq(edge: Edge) -> int:
+    """The seq the edge's spool will hand out first (the spool file is created here, before the edge starts)."""
+    spool = edge.spool()
+    try:
+        return spool.last_seq + 1
+    finally:
+        spool.close()
+
+
+def received(cloud: CloudServer) -> dict[int, datetime]:
+    """seq -> when the cloud stored it, for every frame or event message of the edge."""
+    engine = make_engine(cloud.config.db_url)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(select(Received.seq, Received.received_at).where(Received.edge_id == EDGE))
+            return dict(rows.all())
+    finally:
+        engine.dispose()
+
+
+def assert_all_delivered(edge: Edge, cloud: CloudServer, first: int) -> None:
+    """Every seq the edge assigned since `first` is stored in the cloud, and nothing is left in its spool."""
+    spool = edge.spool()
+    try:
+        assert spool.messages == 0, "the edge exited with unacknowledged messages"
+        assert sorted(received(cloud)) == list(range(first, spool.last_seq + 1)), "a spooled message never arrived"
+    finally:
+        spool.close()
+
+
+def events(cloud: CloudServer) -> list[dict]:
+    with cloud.client() as client:
+        return client.get("/api/events", params={"camera": CAMERA}).json()["items"]
+
+
+# -- graceful shutdown, restart, /metrics ------------------------------------------------------------------
+
+
+def test_sigterm_mid_stream_closes_the_event_loses_nothing_and_metrics_were_live(
+    tmp_path: Path, edge: Edge, clip: Path, always_bundle: Path
+) -> None:
+    with run_cloud(tmp_path) as cloud:
+        edge.configure(cloud, clip, always_bundle, timeout=10.0)
+        first = first_seq(edge)
+        edge.start()
+        wait_until(lambda: (edge.metric("filterforward_edge_uplink_acked_total") or 0) > 0, "acked frames", WAIT)
+        check_metrics(edge)
+        edge.terminate()
+        assert edge.exit_code() == 0, edge.log()
+
+        assert "stopping: closing the cameras' open events" in edge.log()
+        (event,) = events(cloud)
+        assert not event["open"] and event["end_frame"] < 376, "the event was not closed, or the clip ended first"
+        assert_all_delivered(edge, cloud, first)
+    assert "Traceback" not in edge.log()
+
+
+def check_metrics(edge: Edge) -> None:
+    """The camera's and the uplink's numbers, live; the counters are running totals across stats windows."""
+    camera = {"camera": CAMERA}
+    wait_until(lambda: (edge.metric("filterforward_edge_camera_fps", **camera) or 0) > 0, "a stats window", WAIT)
+    samples = edge.metrics()
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("filterforward_edge_info", edge=EDGE) == 1
+    assert value("filterforward_edge_camera_online", **camera) == 1
+    assert value("filterforward_edge_uplink_cloud_reachable") == 1
+    for name in ("decode_ms", "base_ms", "mc_ms"):
+        assert value(f"filterforward_edge_camera_{name}", **camera) > 0, name
+    assert value("filterforward_edge_camera_matched_total", **camera) > 0
+    assert value("filterforward_edge_camera_dropped_total", **camera) >= 0
+    assert value("filterforward_edge_uplink_sent_messages_total") >= value("filterforward_edge_uplink_acked_total")
+    assert value("filterforward_edge_uplink_sent_bytes_total") > 0
+    assert value("filterforward_edge_uplink_spool_dropped_total") == 0
+    for name in ("spool_messages", "spool_bytes", "in_flight"):
+        assert value(f"filterforward_edge_uplink_{name}") >= 0
+    assert ("filterforward_edge_filters_version", ()) in samples and (
+        "filterforward_edge_filter_errors_total",
+        (),
+    ) in samples
+
+    # Across several 0.5 s stats windows the frame count only grows (each window's own count starts at 0).
+    frames = [value("filterforward_edge_camera_frames_total", **camera)]
+    while len(frames) < 4:
+        wait_until(lambda: (edge.metric("filterforward_edge_camera_frames_total", **camera) or 0) > frames[-1] + 5)
+        frames.append(edge.metric("filterforward_edge_camera_frames_total", **camera))
+    assert frames == sorted(frames) and frames[-1] > frames[0]
+
+
+def test_sigterm_with_the_cloud_down_keeps_the_spool_and_a_restart_sends_it_first(
+    tmp_path: Path, edge: Edge, clip: Path, always_bundle: Path
+) -> None:
+    cloud = CloudServer(write_config(tmp_path), tmp_path / "cloud.log")
+    cloud.start()
+    try:
+        edge.configure(cloud, clip, always_bundle, timeout=2.0)
+        first = first_seq(edge)
+        edge.start()
+        wait_until(lambda: received(cloud), "the first stored frame", WAIT)
+        cloud.kill()
+        wait_until(lambda: edge.metric("filterforward_edge_uplink_cloud_reachable") == 0, "the outage noticed", WAIT)
+        wait_until(lambda: (edge.metric("filterforward_edge_uplink_spool_messages") or 0) > 5, "spooled frames")
+        edge.terminate()
+        assert edge.exit_code() == 0, edge.log()
+        assert "stay spooled" in edge.log()
+        kept = edge.spooled()
+        assert set(kept) - set(received(cloud))  # (one may be stored: the cloud died before acking it)
+
+        cloud.start()
+        edge.configure(cloud, clip, always_bundle, timeout=10.0)  # the same ports; a long drain at the end
+        edge.start()
+        wait_until(lambda: len(set(received(cloud)) - set(kept)) > 10, "new frames", WAIT)
+        edge.terminate()
+        assert edge.exit_code() == 0, edge.log()
+        assert_all_delivered(edge, cloud, first)
+        at = received(cloud)
+        assert max(at[seq] for seq in kept) <= min(t for seq, t in at.items() if seq > max(kept)), (
+            "a new message was stored before the spooled ones"
+        )
+    finally:
+        if cloud.process is not None and cloud.process.poll() is None:
+            assert cloud.stop() == 0, cloud.log_text()
+
+
+# -- full disks --------------------------------------------------------------------------------------------
+
+
+def test_cloud_frame_store_full_then_freed_stores_every_frame(
+    tmp_path: Path, edge: Edge, clip: Path, always_bundle: Path
+) -> None:
+    cloud_root = tmp_path / "cloud"
+    with small_disk(cloud_root / "data" / "frames", "32m") as frames:
+        filler = fill(frames)
+        with run_cloud(cloud_root) as cloud:
+            edge.configure(cloud, clip, always_bundle, timeout=10.0)
+            first = first_seq(edge)
+            edge.start()
+            wait_until(lambda: ingest_count(cloud, "disk_full") >= 3, "frames refused for lack of space", WAIT)
+            assert edge.metric("filterforward_edge_uplink_cloud_reachable") == 1
+
+            # The cloud is reachable but acknowledges nothing: the edge waits for it after the signal, and a
+            # second signal ends that wait.
+            edge.terminate()
+            wait_until(lambda: "waiting up to 10 s for the cloud" in edge.log(), "the drain")
+            edge.terminate()
+            assert edge.exit_code() == 0, edge.log()
+            assert "stopping at once (asked again)" in edge.log() and "stay spooled" in edge.log()
+            assert edge.spooled() and not stored_frames(cloud)  # (the event's start, without a file, is stored)
+
+            kept = edge.spooled()
+            filler.unlink()
+            edge.start()
+            wait_until(lambda: len(received(cloud)) > len(kept) + 20, "the spooled and some new frames", WAIT)
+            edge.terminate()
+            assert edge.exit_code() == 0, edge.log()
+            assert_all_delivered(edge, cloud, first)
+            assert all(frame.path and (frames / frame.path).is_file() for frame in stored_frames(cloud))
+            log = cloud.log_text()
+        assert log.count("is full (No space left on device)") == 1, log  # once for the episode
+        assert "ingest: storing again" in log
+
+
+def test_a_full_frame_store_runs_retention_early_and_the_cloud_keeps_storing(
+    tmp_path: Path, edge: Edge, clip: Path, always_bundle: Path
+) -> None:
+    cloud_root = tmp_path / "cloud"
+    # The regular sweep runs at the start only; the store fills long before max_bytes would matter on a
+    # real disk, so only the sweep the full disk asks for makes room.
+    retention = {"max_bytes": 100_000, "interval": 3600}
+    with small_disk(cloud_root / "data" / "frames", "256k"), run_cloud(cloud_root, retention=retention) as cloud:
+        edge.configure(cloud, clip, always_bundle, timeout=10.0)
+        first = first_seq(edge)
+        edge.start()
+        wait_until(lambda: ingest_count(cloud, "disk_full") >= 1, "a full frame store", WAIT)
+        full_at = len(received(cloud))
+        wait_until(lambda: len(received(cloud)) > full_at + 20, "frames stored after the early sweep", WAIT)
+        edge.terminate()
+        assert edge.exit_code() == 0, edge.log()
+        assert_all_delivered(edge, cloud, first)
+        assert "retention deleted" in cloud.log_text().split("running a retention sweep now", 1)[1]
+
+
+def ingest_count(cloud: CloudServer, name: str) -> float:
+    return scrape(f"{cloud.url}/metrics").get(("filterforward_ingest_total", (("count", name),)), 0.0)
+
+
+def stored_frames(cloud: CloudServer) -> list[StoredFrame]:
+    engine = make_engine(cloud.config.db_url)
+    try:
+        with engine.connect() as connection:
+            return list(connection.execute(select(StoredFrame)).all())
+    finally:
+        engine.dispose()
+
+
+def test_ingest_on_a_full_frame_store_counts_asks_for_retention_and_acks_only_what_it_stored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with small_disk(tmp_path / "frames", "64k") as frames:
+        filler = fill(frames)
+        zmq_config = ZmqConfig(bind="127.0.0.1", insecure=True).model_copy(update={"ingest_port": 0, "publish_port": 0})
+        config = CloudConfig(data_dir=tmp_path, tokens=[TokenConfig(name="t", token="t" * 16)], zmq=zmq_config)
+        engine = make_engine(config.db_url)
+        sessions = session_factory(engine)
+        sweeps: list[int] = []
+        storage = Storage(sessions, FrameStore(frames), "http://cloud.test")
+        ingest = Ingest(config, storage, sessions, notify=lambda _: None, on_disk_full=lambda: sweeps.append(1))
+        ingest.start()
+        context = zmq.Context()
+        dealer = context.socket(zmq.DEALER)
+        dealer.linger = 0
+        dealer.connect(f"tcp://127.0.0.1:{ingest.ports[0]}")
+        try:
+            with caplog.at_level(logging.INFO, logger="cloud.ingest"):
+                # A frame refused, an event start (no file: stored), two more frames refused: one episode.
+                dealer.send_multipart(encode(frame(1), b"\xff" * 10_000))
+                dealer.send_multipart(encode(event_start(4)))
+                for seq in (2, 3):
+                    dealer.send_multipart(encode(frame(seq), b"\xff" * 10_000))
+                wait_until(lambda: ingest.counts["disk_full"] == 3, "three refusals")
+                assert sweeps == [1] and ingest.counts["failed"] == 0  # one early sweep for the episode
+
+                filler.unlink()
+                for seq in (1, 2, 3):  # what the edge does: send the unacknowledged ones again
+                    dealer.send_multipart(encode(frame(seq), b"\xff" * 10_000))
+                acked: list[int] = []
+                while len(acked) < 4:
+                    assert dealer.poll(WAIT * 1000)
+                    header, _ = decode(dealer.recv_multipart())
+                    if isinstance(header, Ack):
+                        acked += header.seqs
+                assert sorted(acked) == [1, 2, 3, 4] and ingest.counts["acked"] == 4  # no refused one ever was
+            with sessions() as session:
+                assert sorted(session.scalars(select(StoredFrame.seq))) == [1, 2, 3]
+            lines = [r.getMessage() for r in caplog.records if r.name == "cloud.ingest"]
+            assert len(lines) == 2, lines
+            assert "is full (No space left on device)" in lines[0] and "running a retention sweep now" in lines[0]
+            assert "ingest: storing again" in lines[1]
+        finally:
+            ingest.stop()
+            context.destroy(linger=0)
+            engine.dispose()
+
+
+def event_start(seq: int) -> EventHeader:
+    info = EventInfo(id="e1", filter="always", camera=CAMERA, start_frame=0, start_time=0.0, peak_score=0.9)
+    return EventHeader(edge=EDGE, run="r1", seq=seq, phase="start", wall_time=1.7e9, event=info)
+
+
+def frame(seq: int) -> FrameHeader:
+    return FrameHeader(
+        edge=EDGE, run="r1", seq=seq, camera=CAMERA, frame=seq, timestamp=seq / 10, wall_time=1.7e9 + seq, scores={}
+    )
+
+
+def test_spool_on_a_full_disk_drops_the_oldest_then_the_new_never_raises(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    def message(size: int):
+        return lambda seq: encode(frame(seq), b"\x01" * size)
+
+    with small_disk(tmp_path / "disk", f"{DISK_HEADROOM // 1024 + 8192}k") as disk:
+        ballast = disk / "ballast"  # given back at the end: room beyond the headroom again
+        ballast.write_bytes(b"\0" * 6 * 2**20)
+        spool = Spool(disk, 2**30)
+        try:
+            with caplog.at_level(logging.INFO, logger="edge.spool"):
+                seqs = []
+                while not spool.dropped:  # the spool grows into the disk until only its headroom is left
+                    seqs.append(spool.append(message(100_000)))
+                    assert len(seqs) < 200, "the spool never started dropping"
+                kept = [seq for seq, _ in spool.after(0, 10**6)]
+                assert kept == seqs[spool.dropped :]  # the oldest went; the rest are whole and in order
+
+                filler = fill(disk)  # something else takes every byte left
+                more = [spool.append(message(100_000)) for _ in range(10)]
+                assert None not in more, "the oldest messages' space was not reused"
+                assert [seq for seq, _ in spool.after(0, 10**6)][-10:] == more
+
+                messages = spool.messages
+                assert spool.append(message(2 * DISK_HEADROOM)) is None  # no room even after dropping everything
+                assert spool.messages == messages, "a message too big to ever fit emptied the spool"
+
+                filler.unlink()
+                ballast.unlink()
+                assert spool.append(message(100_000)) is not None
+            lines = [r.getMessage() for r in caplog.records if r.name == "edge.spool"]
+            assert len(lines) == 3, lines  # one per episode, not one per drop
+            assert "dropping the oldest unacknowledged messages" in lines[0]
+            assert "new messages are dropped" in lines[1] and "has room again" in lines[2]
+        finally:
+            spool.close()
+        reopened = Spool(disk, 2**30)
+        assert (reopened.messages, reopened.bytes) == (spool.messages, spool.bytes)
+        reopened.close()
+        with sqlite3.connect(reopened.path) as db:
+            assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
