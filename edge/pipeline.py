@@ -113,6 +113,8 @@ class CameraPipeline:
             positives[name] = decision.positive
             if decision.started:
                 track.event_id = decision.started.id
+                start = decision.started.start_frame
+                log.info("camera %s: filter %s: event started at frame %d", self.camera, name, start)
                 self.sink.event("start", decision.started)
             for index in [*decision.backfill, *([frame.index] if decision.positive else [])]:
                 send.setdefault(index, []).append(name)
@@ -147,6 +149,7 @@ class CameraPipeline:
         clip = track.clip.finish() if track.clip else None
         track.clip, track.event_id = None, None
         self.stats.bytes_out += len(clip or b"")
+        log.info("camera %s: filter %s: event ended at frame %s", self.camera, event.filter, event.end_frame)
         self.sink.event("end", event, clip)
 
     def _sync_tracks(self, mcs: Iterable[LoadedMC]) -> None:
