@@ -30,6 +30,7 @@ from support import BROKER, MqttSubscriber, wait_until
 
 from cloud.db import Received, StoredFrame, make_engine
 from edge.spool import Spool
+from models.bundle import write_bundle
 from models.datasets import open_dataset
 
 EDGE = "edge-1"
@@ -268,10 +269,7 @@ def test_filters_added_and_removed_while_the_edge_runs(
     site = every_frame_site
     site.register(red_bundle, name="red-car")
     spec, onnx = make_filter("full_frame", "late", INPUT_SIZE, name="always", bias=10.0)
-    always_bundle = tmp_path / "always"
-    always_bundle.mkdir()
-    (always_bundle / "spec.json").write_text(spec.model_dump_json())
-    (always_bundle / "model.onnx").write_bytes(onnx)
+    always_bundle = write_bundle(tmp_path / "always", spec, onnx)
     edge = site.start_edge()
     try:
         # Swap while the red car's event is open: the removed filter's event must still be closed.
