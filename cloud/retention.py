@@ -15,9 +15,9 @@ from typing import Literal
 from sqlalchemy import ColumnElement, delete, exists, func, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from cloud.db import Event, EventFrame, Received, StoredFrame, utcnow
+from cloud.db import Event, EventFrame, Received, StoredFrame, as_utc, utcnow
 from cloud.framestore import FrameStore
-from cloud.storage import add_counter, as_utc, transact
+from cloud.storage import add_counter, transact
 
 log = logging.getLogger(__name__)
 

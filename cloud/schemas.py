@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, Field
 
+from cloud.db import as_utc
 from models.filterspec import FilterSpec
-
-
-def as_utc(value: datetime) -> datetime:
-    """An aware UTC datetime: SQLite hands back naive ones (stored as UTC), PostgreSQL aware ones."""
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
 
 UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
 

@@ -28,7 +28,7 @@ from sqlalchemy import ColumnElement, exists, not_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from cloud.db import Camera, Counter, Edge, Event, EventFrame, Received, StoredFrame, utcnow
+from cloud.db import Camera, Counter, Edge, Event, EventFrame, Received, StoredFrame, as_utc, utcnow
 from cloud.framestore import DiskFull, FrameStore
 from edge.protocol import EventHeader, FrameHeader, Hello, Stats
 
@@ -82,11 +82,6 @@ def add_counter(session: Session, name: str, n: int) -> None:
     if session.execute(update(Counter).where(Counter.name == name).values(value=Counter.value + n)).rowcount == 0:
         session.add(Counter(name=name, value=n))
         session.flush()
-
-
-def as_utc(moment: datetime) -> datetime:
-    """SQLite hands datetimes back without their zone; every stored one is UTC."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _wall(seconds: float) -> datetime:

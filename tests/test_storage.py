@@ -14,10 +14,23 @@ from sqlalchemy import create_engine, func, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import sessionmaker
 
-from cloud.db import Base, Camera, Counter, Edge, Event, EventFrame, StoredFrame, make_engine, session_factory, utcnow
+from cloud.db import (
+    Base,
+    Camera,
+    Counter,
+    Edge,
+    Event,
+    EventFrame,
+    Received,
+    StoredFrame,
+    as_utc,
+    make_engine,
+    session_factory,
+    utcnow,
+)
 from cloud.framestore import FrameStore
 from cloud.retention import sweep
-from cloud.storage import Notification, Received, Storage, as_utc
+from cloud.storage import Notification, Storage
 from edge.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

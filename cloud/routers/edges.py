@@ -9,10 +9,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cloud.auth import require
-from cloud.db import Camera, Edge
+from cloud.db import Camera, Edge, as_utc
 from cloud.metrics import online_cutoff
 from cloud.routers import ConfigDep, SessionDep, not_found
-from cloud.schemas import CameraOut, EdgeOut, as_utc
+from cloud.schemas import CameraOut, EdgeOut
 
 router = APIRouter(tags=["edges"], dependencies=[Depends(require("read"))])
 

@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 
 from cloud.auth import require
 from cloud.clips import encode_clip
-from cloud.db import Event, EventFrame, StoredFrame
+from cloud.db import Event, EventFrame, StoredFrame, as_utc
 from cloud.framestore import FrameStore
 from cloud.routers import SessionDep, StoreDep, not_found
-from cloud.schemas import EventOut, EventPage, FrameOut, as_utc
+from cloud.schemas import EventOut, EventPage, FrameOut
 from models.errors import FilterForwardError
 
 router = APIRouter(tags=["events"], dependencies=[Depends(require("read"))])
