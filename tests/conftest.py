@@ -109,3 +109,19 @@ def feature_cache(base_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
         path = tmp_path_factory.mktemp("cache")
         patch.setenv("FILTERFORWARD_CACHE", str(path))
         yield path
+
+
+@pytest.fixture(scope="session")
+def red_bundle(intel_car: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The red-vehicle MC at the end-to-end tests' input size, trained once per session by `filterforward train` on
+    frames 0:212 (the split of tests/test_replay_eval.py; the red car passes at frames 187-238)."""
+    from edge_site import INPUT_SIZE, TRAIN_FRAMES, filterforward
+
+    out = tmp_path_factory.mktemp("red")
+    size = "x".join(map(str, INPUT_SIZE))
+    result = filterforward(
+        "train", str(intel_car), "--event", "red_vehicle_present", "--arch", "full_frame",
+        "--input-size", size, "--frames", TRAIN_FRAMES, "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return out

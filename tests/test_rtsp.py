@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import select
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from itertools import pairwise
@@ -19,84 +16,22 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from rtsp_camera import LOOP_FRAMES, WAIT_S, RtspCamera, require_rtsp_server
 from support import free_port, wait_until
 
 from edge.sources import Frame, VideoSource, open_source
 from models.errors import FilterForwardError
 
-RTSP_SERVER = Path(__file__).with_name("rtsp_server.py")
-SYSTEM_PYTHON = "/usr/bin/python3"
-APT_PACKAGES = (
-    "gstreamer1.0-rtsp gir1.2-gst-rtsp-server-1.0 python3-gi python3-gst-1.0"
-    " gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad"
-)
 CLIP = "car-detection.mp4"
 CLIP_SIZE = (768, 432)  # (width, height)
 CLIP_FPS = 12.5
-LOOP_FRAMES = 60  # the server loops the clip's first frames; the tests compare against a direct decode
-WAIT_S = 20.0  # upper bound for every wait; only a broken camera or source ever reaches it
 OUTAGE_S = 10.0  # how long the camera stays down in the reconnect test
 CREDENTIALS = "admin:s3cret"
-
-PROBE = """
-import gi
-gi.require_version("Gst", "1.0")
-gi.require_version("GstRtspServer", "1.0")
-from gi.repository import Gst, GstRtspServer
-Gst.init(None)
-missing = [name for name in ("qtdemux", "h264parse", "rtph264pay", "appsrc") if not Gst.ElementFactory.find(name)]
-if missing:
-    raise SystemExit("missing GStreamer elements: " + ", ".join(missing))
-"""
-
-
-def rtsp_server_missing() -> str:
-    """Why the RTSP server can't run here, or '' if it can."""
-    try:
-        probe = subprocess.run([SYSTEM_PYTHON, "-c", PROBE], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as error:
-        return f"{SYSTEM_PYTHON} can't run ({error})"
-    lines = probe.stderr.strip().splitlines()
-    return "" if probe.returncode == 0 else (lines[-1] if lines else f"the probe exited with {probe.returncode}")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def rtsp_server_available() -> None:
-    if missing := rtsp_server_missing():
-        pytest.skip(f"GStreamer's RTSP server is unavailable ({missing}); apt-get install -y {APT_PACKAGES}")
-
-
-class RtspCamera:
-    """The RTSP server script as a separate process on 127.0.0.1; restarts keep the port."""
-
-    def __init__(self, clip: Path, port: int, user: str | None = None) -> None:
-        self.clip, self.port, self.user = clip, port, user
-        self.process: subprocess.Popen[str] | None = None
-
-    def url(self, credentials: str | None = None) -> str:
-        login = f"{credentials}@" if credentials else ""
-        return f"rtsp://{login}127.0.0.1:{self.port}/cam"
-
-    def start(self) -> None:
-        command = [SYSTEM_PYTHON, str(RTSP_SERVER), "--clip", str(self.clip), "--port", str(self.port)]
-        command += ["--frames", str(LOOP_FRAMES), *(["--user", self.user] if self.user else [])]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        ready, _, _ = select.select([self.process.stdout], [], [], WAIT_S)
-        assert ready and self.process.stdout.readline().strip() == "ready", "the RTSP server did not start"
-
-    def stop(self) -> None:
-        """SIGTERM, like a camera shutting down; the server must exit cleanly on it."""
-        if self.process is None:
-            return
-        process, self.process = self.process, None
-        process.send_signal(signal.SIGTERM)
-        try:
-            code = process.wait(timeout=WAIT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            code = process.wait()
-        process.stdout.close()
-        assert code == 0, f"the RTSP server exited with {code} on SIGTERM"
+    require_rtsp_server()
 
 
 @pytest.fixture(scope="module")
