@@ -257,11 +257,10 @@ def train_red(dataset: Path, input_size: tuple[int, int], work: Path) -> Path:
 
 
 def always_firing_bundle(input_size: tuple[int, int], work: Path) -> Path:
-    """A full_frame MC on `late` whose weights are zero and output bias +10: sigmoid(10) passes on every frame."""
-    import torch
-
+    """A full_frame MC on `late` that scores sigmoid(10) on every frame: steady traffic on every camera."""
+    from models.bundle import write_bundle
     from models.filterspec import FilterSpec
-    from models.mc_export import export_mc
+    from models.mc_export import export_constant_mc
     from models.microclassifiers import build_mc
     from models.taps import EFFICIENTNET_LITE0_TAPS
 
@@ -269,15 +268,7 @@ def always_firing_bundle(input_size: tuple[int, int], work: Path) -> Path:
     channels, height, width = EFFICIENTNET_LITE0_TAPS["late"].shape(input_size)
     crop = (channels, *spec.roi.cell_shape(height, width))
     model = build_mc("full_frame", crop[0], crop[1:], spec.window)
-    last = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)][-1]
-    with torch.no_grad():
-        last.weight.zero_()
-        last.bias.fill_(10.0)
-    out = work / ALWAYS
-    out.mkdir()
-    (out / "spec.json").write_text(spec.model_dump_json())
-    (out / "model.onnx").write_bytes(export_mc(model, crop))
-    return out
+    return write_bundle(work / ALWAYS, spec, export_constant_mc(model, crop, 10.0))
 
 
 def register(cloud: Cloud, bundle: Path, name: str) -> None:

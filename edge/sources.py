@@ -63,7 +63,9 @@ class SourceStats:
     reconnects: int  # times a live source came back after losing its connection
     last_error: str | None  # the most recent failure, kept after recovery
     fps: float  # measured decode rate over the last couple of seconds
-    decode_ms: float  # mean time to decode (and resize) one frame over the same window; queue waits excluded
+    # Mean time of the reader's read call per frame (decode + resize) over the same window; queue waits excluded.
+    # A live camera's read also waits for its next frame, so there it is bounded below by the frame period.
+    decode_ms: float
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -79,3 +79,14 @@ def verify_export(
             raise RuntimeError(f"exported MC differs from torch by {worst:.2e} (tolerance {atol:.0e})")
     log.debug("ONNX export matches torch within %.2e", worst)
     return worst
+
+
+def export_constant_mc(model: MicroClassifier, crop_chw: tuple[int, int, int], logit: float) -> bytes:
+    """`model` exported with its last layer zeroed and its bias set to `logit`: it scores sigmoid(logit) on
+    every frame. A filter that sends every frame (logit > 0) or none, for smoke tests, benchmarks and
+    record-everything filters; it still runs (and costs) like a trained MC of its architecture."""
+    last = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)][-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.fill_(logit)
+    return export_mc(model, crop_chw)

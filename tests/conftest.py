@@ -51,7 +51,7 @@ def export_filter(
     """A real exported MC with random weights (or a forced output bias: +10 always fires, -10 never)."""
     import torch
 
-    from models.mc_export import export_mc
+    from models.mc_export import export_constant_mc, export_mc
     from models.microclassifiers import build_mc
 
     spec = FilterSpec(name=name, architecture=architecture, tap=tap, input_size=input_size, **spec_fields)
@@ -60,12 +60,7 @@ def export_filter(
     crop = (channels, *spec.roi.cell_shape(height, width))
     torch.manual_seed(zlib.crc32(name.encode()))
     model = build_mc(architecture, crop[0], crop[1:], spec.window)
-    if bias is not None:
-        last = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)][-1]
-        with torch.no_grad():
-            last.weight.zero_()
-            last.bias.fill_(bias)
-    return spec, export_mc(model, crop)
+    return spec, export_mc(model, crop) if bias is None else export_constant_mc(model, crop, bias)
 
 
 @pytest.fixture(scope="session")
