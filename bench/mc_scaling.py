@@ -141,7 +141,7 @@ class Config:
         self.first_timed, self.sends_before_timing = self.next_index, self.sink.sends
 
     def close(self) -> None:
-        self.pipeline.close()  # ends open events
+        self.pipeline.end_events()
         self.pipeline.bank.close()  # stops the bank's worker threads
 
 

@@ -29,6 +29,7 @@ from models.bundle import load_bundle
 from models.filterspec import FilterSpec
 
 log = logging.getLogger(__name__)
+OFFLINE_POLL = 0.5  # seconds a camera thread waits for a frame before it checks whether its camera is offline
 
 DRAIN_MAX = 10.0  # seconds a stopping node waits at most for the cloud to acknowledge the spool
 POLL = 0.1  # seconds between checks for a stop request (a signal handler only bumps a counter)
@@ -185,14 +186,18 @@ class EdgeNode:
     def _run_camera(self, camera: CameraConfig) -> None:
         source, pipeline = self._sources[camera.name], self.pipelines[camera.name]
         try:
-            for frame in source:
-                pipeline.process(frame)
-                if self._stop.is_set():
+            while not self._stop.is_set():
+                frame = source.read(timeout=OFFLINE_POLL)
+                if frame is not None:
+                    pipeline.process(frame)
+                elif source.ended:
                     break
+                elif not source.stats.online:
+                    pipeline.end_events()  # an outage ends the camera's open events; no-op once they are
         except Exception:
             log.exception("camera %s: pipeline failed", camera.name)
         finally:
-            pipeline.close()
+            pipeline.end_events()
             source.close()
 
     def log_stats(self, final: bool = False) -> None:

@@ -180,7 +180,8 @@ class CameraPipeline:
         stats, self.stats = self.stats, StageStats()
         return stats
 
-    def close(self) -> None:
-        """End of stream: close every open event."""
+    def end_events(self) -> None:
+        """End every open event at its last passing frame: at the end of the stream, or when the camera goes
+        offline (an event must not span an outage); the next frame starts its filters' smoothing afresh."""
         for name in list(self._tracks):
             self._close_track(name)

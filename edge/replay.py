@@ -104,7 +104,7 @@ def replay(
         dataset.frames(start, stop), total=stop - start, disable=not progress, desc="replay", unit="frame"
     ):
         pipeline.process(Frame(index=index, timestamp=index / dataset.fps, image=image))
-    pipeline.close()
+    pipeline.end_events()
     bank.close()
     return sink
 

@@ -31,7 +31,7 @@ def run_clip(clip: Path, base: BaseDNN, bank: MCBank, out: Path) -> tuple[Camera
         pipeline = CameraPipeline("cam", base, bank, sink, source.fps)
         for frame in source:
             pipeline.process(frame)
-    pipeline.close()
+    pipeline.end_events()
     sink.close()
     return pipeline, [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
 

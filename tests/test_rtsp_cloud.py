@@ -161,12 +161,24 @@ def test_camera_outage_mid_stream_loses_no_event_and_invents_no_frame(
 
 
 def check_events(site: Site, outage: Outage) -> None:
-    """Red events before and after the outage all arrived, and SIGTERM closed every open event."""
+    """Red events before and after the outage all arrived, the outage closed the events open when the camera
+    died, and SIGTERM closed every open event."""
     found = events(site)
     assert found and all(not e["open"] and e["frames"] > 0 for e in found), found
     red = [e for e in found if e["filter"] == RED]
     assert [e for e in red if datetime.fromisoformat(e["started_at"]) < outage.stopped]
     assert [e for e in red if datetime.fromisoformat(e["started_at"]) > outage.restarting]
+    # The outage ended the events open when the camera died: none spans it.
+    spans = [e for e in found if started_before(e, outage.stopped) and ended_after(e, outage.restarting)]
+    assert not spans, spans
+
+
+def started_before(event: dict, moment: datetime) -> bool:
+    return datetime.fromisoformat(event["started_at"]) < moment
+
+
+def ended_after(event: dict, moment: datetime) -> bool:
+    return datetime.fromisoformat(event["ended_at"]) > moment
 
 
 def check_no_invented_frames(site: Site, outage: Outage, dropped: int) -> None:
