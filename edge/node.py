@@ -23,12 +23,13 @@ from edge.mcbank import MCBank
 from edge.metrics import EdgeCollector, MetricsServer
 from edge.pipeline import CameraPipeline, StageStats
 from edge.sink import FolderSink, Sink
-from edge.sources import open_source
+from edge.sources import Frame, open_source
 from edge.uplink import Uplink
 from models.bundle import load_bundle
 from models.filterspec import FilterSpec
 
 log = logging.getLogger(__name__)
+FAILURE_LOG_EVERY = 100  # while frames keep failing, one log line per this many
 OFFLINE_POLL = 0.5  # seconds a camera thread waits for a frame before it checks whether its camera is offline
 
 DRAIN_MAX = 10.0  # seconds a stopping node waits at most for the cloud to acknowledge the spool
@@ -185,20 +186,37 @@ class EdgeNode:
 
     def _run_camera(self, camera: CameraConfig) -> None:
         source, pipeline = self._sources[camera.name], self.pipelines[camera.name]
+        failures = 0
         try:
             while not self._stop.is_set():
                 frame = source.read(timeout=OFFLINE_POLL)
                 if frame is not None:
-                    pipeline.process(frame)
+                    failures = self._process(camera.name, pipeline, frame, failures)
                 elif source.ended:
                     break
                 elif not source.stats.online:
                     pipeline.end_events()  # an outage ends the camera's open events; no-op once they are
-        except Exception:
-            log.exception("camera %s: pipeline failed", camera.name)
+        except Exception:  # the source itself failed (e.g. a recording broke mid-stream): this camera is done
+            log.exception("camera %s: source failed", camera.name)
         finally:
             pipeline.end_events()
             source.close()
+
+    @staticmethod
+    def _process(camera: str, pipeline: CameraPipeline, frame: Frame, failures: int) -> int:
+        """One frame through the pipeline; a frame that fails is logged and skipped, and the camera goes on (a
+        node runs unattended: one bad frame or a transient error must not stop a camera for good). Returns the
+        number of consecutive failures, which rate-limits the log."""
+        try:
+            pipeline.process(frame)
+        except Exception:
+            failures += 1
+            if failures == 1 or failures % FAILURE_LOG_EVERY == 0:
+                log.exception("camera %s: frame %d failed (%d in a row); skipped", camera, frame.index, failures)
+            return failures
+        if failures:
+            log.info("camera %s: frames are processed again after %d failed", camera, failures)
+        return 0
 
     def log_stats(self, final: bool = False) -> None:
         """Log a stats line per camera and, with a cloud link, send them up (`final`: every camera offline)."""

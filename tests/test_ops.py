@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import signal
@@ -490,3 +491,31 @@ def test_spool_on_a_full_disk_drops_the_oldest_then_the_new_never_raises(
         reopened.close()
         with sqlite3.connect(reopened.path) as db:
             assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_a_frame_that_fails_is_skipped_and_the_camera_goes_on(
+    make_filter, short_clip: Path, base_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The camera's folder in the sink is a file, so writing every matched JPEG fails: the node logs it and keeps
+    processing the camera to the end of its clip (the event ends at the clip's last frame, not the first)."""
+    from edge.config import CameraConfig, EdgeConfig, SinkConfig
+    from edge.node import EdgeNode
+
+    bundle = write_bundle(tmp_path / "always", *make_filter("full_frame", "late", (128, 96), name="always", bias=10.0))
+    sink = tmp_path / "out"
+    (sink / "frames").mkdir(parents=True)
+    (sink / "frames" / "gate").write_text("not a folder")
+    config = EdgeConfig(
+        base_model=base_model,
+        input_size=(128, 96),
+        cameras=[CameraConfig(name="gate", source=str(short_clip), pacing="every-frame")],
+        filters=[bundle],
+        sink=SinkConfig(path=sink),
+    )
+    with caplog.at_level(logging.INFO, logger="edge.node"):
+        EdgeNode(config).run()
+    events = [json.loads(line) for line in (sink / "events.jsonl").read_text().splitlines()]
+    (end,) = [e for e in events if e["type"] == "event_end"]
+    assert (end["start_frame"], end["end_frame"]) == (0, 39)
+    failed = [r for r in caplog.records if "failed" in r.getMessage() and "camera gate: frame" in r.getMessage()]
+    assert len(failed) == 1  # the first failure is logged with its traceback; the next 39 are only counted
