@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import platform
+import secrets
 import socket
 import subprocess
 import sys
@@ -43,6 +44,7 @@ log = logging.getLogger("bench.ingest")
 REPO = Path(__file__).resolve().parents[1]
 CLIP = REPO.parent / "shared" / "data" / "intel-car-detection" / "car-detection.mp4"
 TOKEN = "bench-token-0123456789abcdef"
+RUN = secrets.token_hex(4)  # in the edge ids: a reused database (PostgreSQL) may hold an earlier run's rows
 
 
 @dataclass
@@ -126,7 +128,7 @@ def send(edge: Uplink, index: int, jpeg: bytes) -> None:
 
 
 def throughput(cloud: Cloud, folder: Path, count: int, frames: int, jpeg: bytes) -> tuple[int, float]:
-    edges = make_edges(cloud, folder, count, f"t{count}")
+    edges = make_edges(cloud, folder, count, f"t{count}-{RUN}")
     per_edge = max(1, frames // count)
     for edge in edges:
         for index in range(per_edge):
@@ -145,7 +147,7 @@ def throughput(cloud: Cloud, folder: Path, count: int, frames: int, jpeg: bytes)
 
 
 def latency(cloud: Cloud, folder: Path, count: int, rate: float, seconds: float, jpeg: bytes) -> np.ndarray:
-    tag = f"l{count}"
+    tag = f"l{count}-{RUN}"
     edges = make_edges(cloud, folder, count, tag)
     for edge in edges:
         edge.start()

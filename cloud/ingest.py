@@ -2,15 +2,17 @@
 
 One thread runs a poll loop (ZeroMQ guide style) over the ROUTER: it decodes each message (edge.protocol),
 checks that the edge it names is the one CURVE authenticated (the ZAP handler sets the connection's User-Id
-to the edge id), stores frames and events through Storage, then acknowledges their seqs, one Ack per edge per
-loop pass. It answers heartbeats at once and snapshot requests from the database (the Clone pattern), and
-every 0.1 s publishes the FilterChange rows newer than the last one it published, in version order.
+to the edge id), then stores the frames and events of one loop pass together (Storage.store_many: one
+transaction), hands out the notifications that became due and acknowledges the stored seqs, one Ack per edge
+per pass, then answers the pass's heartbeats (writing each edge's last_seen once). It answers snapshot requests
+from the database (the Clone pattern), and every 0.1 s publishes the FilterChange rows newer than the last one
+it published, in version order.
 
 A message that cannot be decoded or names another edge is counted, answered with Error and dropped; a
-message that fails to store is logged and not acknowledged (the edge sends it again). A full disk (frame store
-or database) is such a failure too: counted as "disk_full", logged once per episode, and it asks for an early
-retention sweep (`on_disk_full`); the edges keep their messages spooled until there is room. Nothing stops
-the loop.
+message that fails to store, or every message of a pass whose transaction fails as a whole, is logged and not
+acknowledged (the edge sends it again). A full disk (frame store or database) is such a failure too: counted
+as "disk_full", logged once per episode, and it asks for an early retention sweep (`on_disk_full`); the edges
+keep their messages spooled until there is room. Nothing stops the loop.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -33,7 +36,7 @@ from sqlalchemy.orm import sessionmaker
 
 from cloud.config import CloudConfig
 from cloud.db import Filter, FilterChange
-from cloud.storage import Notification, Storage, is_disk_full
+from cloud.storage import Message, Notification, Storage, is_disk_full
 from cloud.zap import PUBLIC_KEY_PROPERTY, ZapHandler
 from edge.curve import make_server
 from edge.protocol import (
@@ -79,6 +82,15 @@ BATCH = 256  # messages handled per loop pass before the acks go out
 
 class _Refused(Exception):
     """A well-formed message from an edge that may not send it (its key belongs to another edge)."""
+
+
+@dataclass
+class _Pass:
+    """What one loop pass collects: the frame and event messages to store and the heartbeats to answer, each with
+    its sender's identity."""
+
+    messages: list[tuple[bytes, Message]] = field(default_factory=list)
+    heartbeats: list[tuple[bytes, str]] = field(default_factory=list)
 
 
 class Ingest:
@@ -197,23 +209,25 @@ class Ingest:
         self._hand_out(self._storage.due())
 
     def _drain(self) -> None:
-        """Handles up to BATCH waiting messages, then sends each edge one Ack for the seqs stored meanwhile."""
-        acks: dict[bytes, list[int]] = defaultdict(list)
+        """Handles up to BATCH waiting messages, stores their frames and events in one transaction, then sends
+        each edge one Ack for its seqs stored (or stored before)."""
+        batch = _Pass()
         for _ in range(BATCH):
             try:
                 frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            identity = frames[0].bytes
-            seq = self._handle(identity, frames[1:])
-            if seq is not None:
-                acks[identity].append(seq)
+            self._handle(frames[0].bytes, frames[1:], batch)
+        acks: dict[bytes, list[int]] = defaultdict(list)
+        for identity, seq in self._store(batch.messages):
+            acks[identity].append(seq)
         for identity, seqs in acks.items():
             self._count("acked", len(seqs))  # counts go before replies, so whoever got the reply sees them
             self._send(identity, Ack(seqs=seqs))
+        self._answer_heartbeats(batch.heartbeats)
 
-    def _handle(self, identity: bytes, frames: Sequence[zmq.Frame]) -> int | None:
-        """One message; returns the seq to acknowledge, if it is a stored frame or event."""
+    def _handle(self, identity: bytes, frames: Sequence[zmq.Frame], batch: _Pass) -> None:
+        """One message: answered now, or (a frame or event) added to the pass's batch."""
         self._count("received")
         peer = _property(frames[0], "Peer-Address") or "?"
         try:
@@ -223,13 +237,13 @@ class Ingest:
             self._count("malformed")
             self._log_once(("malformed", peer), "malformed message from %s, dropped: %s", peer, exc)
             self._send(identity, Error(message=f"malformed message, dropped: {exc}"))
-            return None
+            return
         except _Refused as exc:
             self._count("unauthenticated")
             self._log_once(("refused", peer, str(exc)), "message from %s refused: %s", peer, exc)
             self._send(identity, Error(message=f"refused: {exc}"))
-            return None
-        return self._guarded(self._dispatch, identity, frames[0], edge, header, payload)
+            return
+        self._guarded(self._dispatch, identity, frames[0], edge, header, payload, batch)
 
     def _sender(self, frame: zmq.Frame, header: Any) -> str:
         """The edge that sent the message: the CURVE-authenticated id, which must be the id the header names."""
@@ -248,14 +262,14 @@ class Ingest:
             )
         return claimed
 
-    def _dispatch(self, identity: bytes, frame: zmq.Frame, edge: str, header: Any, payload: bytes) -> int | None:
+    def _dispatch(
+        self, identity: bytes, frame: zmq.Frame, edge: str, header: Any, payload: bytes, batch: _Pass
+    ) -> None:
         match header:
             case FrameHeader() | EventHeader():
-                return self._store(edge, header, payload)
+                batch.messages.append((identity, Message(edge, header, payload)))
             case Heartbeat():
-                self._count("heartbeats")
-                self._send(identity, Heartbeat(sender=self.session_id))
-                self._storage.edge_seen(edge)
+                batch.heartbeats.append((identity, edge))
             case Hello():
                 public_key = None if self._config.insecure else _property(frame, PUBLIC_KEY_PROPERTY)
                 self._storage.edge_hello(edge, header, public_key)
@@ -263,43 +277,68 @@ class Ingest:
                 self._storage.edge_stats(edge, header)
             case SnapshotRequest():
                 self._send_snapshot(identity)
-        return None
 
-    def _store(self, edge: str, header: FrameHeader | EventHeader, payload: bytes) -> int:
-        duplicates = self._storage.counts["duplicates"]  # this loop is the only caller of store_*
-        if isinstance(header, FrameHeader):
-            notifications = self._storage.store_frame(edge, header, payload)
-        else:
-            notifications = self._storage.store_event(edge, header, payload)
-        self._count("duplicates" if self._storage.counts["duplicates"] > duplicates else "stored")
-        if self._disk_full and payload:  # a message without a file says nothing about the frame store's room
-            self._disk_full = False
-            log.info("ingest: storing again; the edges resend what was refused for lack of space")
-        self._hand_out(notifications)
-        return header.seq
+    def _store(self, messages: list[tuple[bytes, Message]]) -> list[tuple[bytes, int]]:
+        """Stores the pass's frames and events in one transaction, then hands out the notifications it made due;
+        returns (identity, seq) for each one to acknowledge: stored now or before. Nothing when the transaction
+        fails."""
+        if not messages:
+            return []
+        try:
+            stored = self._storage.store_many([message for _, message in messages])
+        except Exception as exc:  # nothing of the pass was stored: every edge resends
+            self._failed(exc, "storing a batch", len(messages))
+            return []
+        acks = []
+        for (identity, message), outcome in zip(messages, stored.outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                self._failed(outcome, f"storing seq {message.header.seq} of {message.edge}")
+                continue
+            self._count("stored" if outcome == "stored" else "duplicates")
+            if self._disk_full and message.payload:  # a message without a file says nothing about the room
+                self._disk_full = False
+                log.info("ingest: storing again; the edges resend what was refused for lack of space")
+            acks.append((identity, message.header.seq))
+        self._hand_out(stored.notifications)
+        return acks
+
+    def _answer_heartbeats(self, heartbeats: list[tuple[bytes, str]]) -> None:
+        """Answered after the pass's store, so a reply also says that what came before it was handled; each edge's
+        last_seen is written once per pass."""
+        if not heartbeats:
+            return
+        self._count("heartbeats", len(heartbeats))
+        for identity, _ in heartbeats:
+            self._send(identity, Heartbeat(sender=self.session_id))
+        self._guarded(self._storage.edges_seen, {edge for _, edge in heartbeats})
 
     def _hand_out(self, notifications: list[Notification]) -> None:
         for notification in notifications:
-            self._notify(notification)
-            self._storage.mark_notified(notification)
-            self._count("notified")
+            self._guarded(self._notify_once, notification)
+
+    def _notify_once(self, notification: Notification) -> None:
+        self._notify(notification)
+        self._storage.mark_notified(notification)
+        self._count("notified")
 
     def _guarded(self, work: Callable[..., Any], *args: Any) -> Any:
         """work(*args), or None when it fails: the failure is logged and counted, the loop goes on."""
         try:
             return work(*args)
         except Exception as exc:  # a storage or notify failure must cost one message, never the ingest
-            if is_disk_full(exc):
-                self._disk_full_now(exc)
-                return None
-            self._count("failed")
-            log.exception(
-                "ingest: %s failed (a frame or event stays unacknowledged: its edge resends it)", work.__name__
-            )
+            self._failed(exc, work.__name__)
             return None
 
-    def _disk_full_now(self, exc: Exception) -> None:
-        self._count("disk_full")
+    def _failed(self, exc: Exception, what: str, n: int = 1) -> None:
+        """Counts n messages that failed (or found no room), and logs why."""
+        if is_disk_full(exc):
+            self._disk_full_now(exc, n)
+            return
+        self._count("failed", n)
+        log.error("ingest: %s failed (a frame or event stays unacknowledged: its edge resends it)", what, exc_info=exc)
+
+    def _disk_full_now(self, exc: Exception, n: int = 1) -> None:
+        self._count("disk_full", n)
         if self._disk_full:
             return
         self._disk_full = True

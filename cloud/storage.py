@@ -2,9 +2,10 @@
 
 Each frame or event message is stored once per (edge, seq), one seq space per edge: the transaction that
 stores it also inserts its `Received` row, so a duplicate (even one racing the first) fails on that
-primary key and stores nothing. A payload file is written before its row commits, under a name derived
-from (run, seq): a resend rewrites the same bytes to the same file, and a message that turns out to be a
-duplicate removes its file only if no stored row uses it.
+primary key and stores nothing. `store_many` stores a batch in one transaction (one commit, one WAL flush)
+with a savepoint per message, so a duplicate or a failing message rolls back only itself. A payload file is
+written before its row commits, under a name derived from (run, seq): a resend rewrites the same bytes to
+the same file, and a message that turns out to be a duplicate removes its file only if no row uses it.
 
 Notifications: an event's start is due once the event is known (start message, or an end that came
 first: it carries the start too) and one of its frames or its clip is stored; its end once the end is
@@ -19,12 +20,12 @@ import errno
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import ColumnElement, exists, not_, select, update
+from sqlalchemy import ColumnElement, and_, exists, not_, or_, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -44,6 +45,40 @@ PG_DISK_FULL = "53100"  # PostgreSQL's SQLSTATE disk_full
 class Notification:
     phase: Phase
     event: dict[str, Any]  # id, uid, edge, camera, filter, frames, times, peak_score, url, frame_url
+
+
+@dataclass(frozen=True)
+class Message:
+    """A frame or event message as an edge sent it."""
+
+    edge: str
+    header: FrameHeader | EventHeader
+    payload: bytes
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.edge, self.header.seq
+
+
+Outcome = Literal["stored", "duplicate"] | Exception  # an exception: this message was not stored
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What `store_many` did: one outcome per message, in order, and the notifications due after the commit."""
+
+    outcomes: list[Outcome]
+    notifications: list[Notification]
+
+
+@dataclass(frozen=True)
+class _Write:
+    """A message ready for the batch transaction: its payload file is written, `work` adds its rows."""
+
+    index: int
+    path: str | None
+    uids: list[str]  # the events whose notifications may become due once it is stored
+    work: Callable[[Session], None]
 
 
 class _Duplicate(Exception):
@@ -96,6 +131,27 @@ def _claim(session: Session, edge: str, seq: int) -> None:
         raise _Duplicate from None
 
 
+def _in_use(session: Session, path: str) -> bool:
+    """Whether a row uses the payload file, this transaction's own uncommitted rows included."""
+    return bool(
+        session.scalar(select(exists().where(StoredFrame.path == path)))
+        or session.scalar(select(exists().where(Event.clip_path == path)))
+    )
+
+
+def _repeat_of(first: Outcome) -> Outcome:
+    """The outcome of a message repeated within a batch: its first copy's failure, else a duplicate of it."""
+    return first if isinstance(first, Exception) else "duplicate"
+
+
+def _begin_writing(session: Session) -> None:
+    """Opens the transaction on SQLite now: pysqlite defers BEGIN to the first INSERT, so a SAVEPOINT before it
+    would start (and its RELEASE commit) a transaction of its own. IMMEDIATE takes the write lock at once, so
+    the batch never has to upgrade a stale read. PostgreSQL needs nothing."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.connection().exec_driver_sql("BEGIN IMMEDIATE")
+
+
 def _get_or_add(session: Session, model: type[T], key: object, **fields: Any) -> T:
     row = session.get(model, key)
     if row is None:
@@ -137,8 +193,57 @@ class Storage:
 
     def store_frame(self, edge: str, header: FrameHeader, payload: bytes) -> list[Notification]:
         """Stores a matched frame and links it to its events; [] for a duplicate. Returns the notifications due."""
-        if self._seen(edge, header.seq):
-            return []
+        return self._store_one(Message(edge, header, payload))
+
+    def store_event(self, edge: str, header: EventHeader, payload: bytes) -> list[Notification]:
+        """Stores an event start or end (an end's MP4 clip into the frame store); [] for a duplicate."""
+        return self._store_one(Message(edge, header, payload))
+
+    def store_many(self, messages: Sequence[Message]) -> Stored:
+        """Stores frame and event messages in one transaction, a savepoint each: a duplicate or a message that
+        fails (its file cannot be written, its rows cannot be added) costs only itself. Raises, having stored
+        nothing, when the transaction as a whole fails. A message repeated within the batch gets the outcome of
+        its first copy (a duplicate of it, or the same failure) and writes no file."""
+        outcomes: list[Outcome | None] = [None] * len(messages)
+        seen = self._seen({message.key for message in messages})
+        first: dict[tuple[str, int], int] = {}
+        writes: list[_Write] = []
+        for index, message in enumerate(messages):
+            if message.key in seen:
+                outcomes[index] = "duplicate"
+            elif message.key not in first:
+                first[message.key] = index
+                try:
+                    writes.append(self._prepare(index, message))
+                except Exception as exc:  # e.g. its payload file cannot be written: the others go on
+                    outcomes[index] = exc
+        if writes:
+            with self._sessions.begin() as session:
+                _begin_writing(session)
+                for write in writes:
+                    outcomes[write.index] = self._apply(session, write)
+        for index, message in enumerate(messages):
+            if outcomes[index] is None:
+                outcomes[index] = _repeat_of(outcomes[first[message.key]])
+        for outcome in outcomes:
+            if not isinstance(outcome, Exception):
+                self._tally("stored" if outcome == "stored" else "duplicates")
+        uids = sorted({uid for write in writes if outcomes[write.index] == "stored" for uid in write.uids})
+        return Stored(outcomes, self._due_where(Event.uid.in_(uids)) if uids else [])
+
+    def _store_one(self, message: Message) -> list[Notification]:
+        stored = self.store_many([message])
+        if isinstance(outcome := stored.outcomes[0], Exception):
+            raise outcome
+        return stored.notifications
+
+    def _prepare(self, index: int, message: Message) -> _Write:
+        """Writes the message's payload file (fsync) and returns the work that adds its rows."""
+        if isinstance(message.header, FrameHeader):
+            return self._frame(index, message.edge, message.header, message.payload)
+        return self._event(index, message.edge, message.header, message.payload)
+
+    def _frame(self, index: int, edge: str, header: FrameHeader, payload: bytes) -> _Write:
         path = None
         if header.payload == "jpeg" and payload:
             path = self._store.write("frames", edge, header.camera, f"{header.run}-{header.seq}.jpg", payload)
@@ -162,14 +267,9 @@ class Storage:
             session.flush()
             session.add_all(EventFrame(event_uid=uid, frame_id=frame.id) for uid in uids)
 
-        if not self._stored(work, path) or not uids:
-            return []
-        return self._due_where(Event.uid.in_(uids))
+        return _Write(index, path, uids, work)
 
-    def store_event(self, edge: str, header: EventHeader, payload: bytes) -> list[Notification]:
-        """Stores an event start or end (an end's MP4 clip into the frame store); [] for a duplicate."""
-        if self._seen(edge, header.seq):
-            return []
+    def _event(self, index: int, edge: str, header: EventHeader, payload: bytes) -> _Write:
         info = header.event
         uid = f"{edge}/{header.run}/{info.id}"
         clip = None
@@ -191,9 +291,25 @@ class Storage:
                 session.add(event)
             _merge_event(event, header, clip, len(payload))
 
-        if not self._stored(work, clip):
-            return []
-        return self._due_where(Event.uid == uid)
+        return _Write(index, clip, [uid], work)
+
+    def _apply(self, session: Session, write: _Write) -> Outcome:
+        """One message's rows in a savepoint of the batch transaction; a failure rolls back only them."""
+        failure: Exception | None = None
+        for _ in range(TRIES):
+            try:
+                with session.begin_nested():
+                    write.work(session)
+                return "stored"
+            except _Duplicate:
+                if write.path is not None and not _in_use(session, write.path):
+                    self._store.delete(write.path)
+                return "duplicate"
+            except IntegrityError as exc:  # a concurrent insert of the same key won: the next try finds its row
+                failure = exc
+            except Exception as exc:  # costs this message only: the savepoint undid its rows
+                return exc
+        return failure
 
     def mark_notified(self, notification: Notification) -> None:
         """Records that a notification went out, so it is never handed out again (restarts included)."""
@@ -225,8 +341,17 @@ class Storage:
         transact(self._sessions, work)
 
     def edge_seen(self, edge: str) -> None:
+        self.edges_seen([edge])
+
+    def edges_seen(self, edges: Iterable[str]) -> None:
+        """Marks the edges seen now, in one transaction (the ingest's heartbeats of one loop pass)."""
+
+        names = sorted(set(edges))  # in one order, so concurrent callers cannot deadlock
+
         def work(session: Session) -> None:
-            _get_or_add(session, Edge, edge, id=edge).last_seen = utcnow()
+            now = utcnow()
+            for edge in names:
+                _get_or_add(session, Edge, edge, id=edge).last_seen = now
 
         transact(self._sessions, work)
 
@@ -246,32 +371,19 @@ class Storage:
     def count(self, name: str, n: int = 1) -> None:
         transact(self._sessions, lambda session: add_counter(session, name, n))
 
-    def _seen(self, edge: str, seq: int) -> bool:
-        """A cheap early answer for resends; the Received key in the storing transaction is what decides."""
+    def _seen(self, keys: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        """The (edge, seq) keys stored already: a cheap early answer for resends (no file is written for them);
+        the Received key in the storing transaction is what decides."""
+        by_edge: dict[str, list[int]] = {}
+        for edge, seq in keys:
+            by_edge.setdefault(edge, []).append(seq)
+        if not by_edge:
+            return set()
+        condition = or_(*(and_(Received.edge_id == edge, Received.seq.in_(seqs)) for edge, seqs in by_edge.items()))
         with self._sessions() as session:
-            seen = session.get(Received, (edge, seq)) is not None
-        if seen:
-            self._tally("duplicates")
-        return seen
-
-    def _stored(self, work: Callable[[Session], None], path: str | None) -> bool:
-        """Runs a storing transaction; False (and its payload file removed unless in use) for a duplicate."""
-        try:
-            transact(self._sessions, work)
-        except _Duplicate:
-            self._tally("duplicates")
-            if path is not None and not self._in_use(path):
-                self._store.delete(path)
-            return False
-        self._tally("stored")
-        return True
-
-    def _in_use(self, path: str) -> bool:
-        with self._sessions() as session:
-            return bool(
-                session.scalar(select(exists().where(StoredFrame.path == path)))
-                or session.scalar(select(exists().where(Event.clip_path == path)))
-            )
+            return {
+                (edge, seq) for edge, seq in session.execute(select(Received.edge_id, Received.seq).where(condition))
+            }
 
     def _tally(self, name: str) -> None:
         with self._lock:

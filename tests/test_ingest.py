@@ -265,6 +265,36 @@ def test_a_message_that_fails_to_store_is_not_acked_and_its_resend_is(make_cloud
     assert stored_seqs(cloud.sessions) == [1]
 
 
+def test_a_batch_with_a_duplicate_in_the_middle_stores_and_acks_them_all(make_cloud) -> None:
+    cloud = make_cloud()
+    client = cloud.client()
+    client.send(frame(2), b"two")
+    assert client.acked(1) == [2]
+    for seq in (1, 2, 3, 3):
+        client.send(frame(seq), b"jpeg")
+    assert client.acked(4) == [1, 2, 3, 3]
+    assert stored_seqs(cloud.sessions) == [1, 2, 3]
+    assert (cloud.ingest.counts["stored"], cloud.ingest.counts["duplicates"]) == (3, 2)
+
+
+def test_a_batch_acks_only_the_messages_it_stored(make_cloud) -> None:
+    cloud = make_cloud()
+    (cloud.store.root / "frames" / EDGE).mkdir(parents=True)
+    (cloud.store.root / "frames" / EDGE / "blocked").write_text("a file where the camera's folder goes")
+    client = cloud.client()
+    client.send(frame(1), b"one")
+    client.send(frame(2).model_copy(update={"camera": "blocked"}), b"two")
+    client.send(frame(3), b"three")
+    client.send(Heartbeat(sender=EDGE))  # answered after the acks of its pass
+    acked: list[int] = []
+    while not isinstance(header := client.recv()[0], Heartbeat):
+        assert isinstance(header, Ack), header
+        acked += header.seqs
+    assert acked == [1, 3]
+    assert stored_seqs(cloud.sessions) == [1, 3]
+    assert (cloud.ingest.counts["failed"], cloud.ingest.counts["acked"]) == (1, 2)
+
+
 def test_curve_allowed_edge_is_stored_with_its_key(make_cloud, keys: Keys) -> None:
     secret = keys.edge(EDGE)
     cloud = make_cloud(keys)

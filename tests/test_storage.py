@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, func, select, text, update
+from sqlalchemy import event as sa_event
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.db import (
     Base,
@@ -30,7 +31,7 @@ from cloud.db import (
 )
 from cloud.framestore import FrameStore
 from cloud.retention import sweep
-from cloud.storage import Notification, Storage
+from cloud.storage import Message, Notification, Storage
 from edge.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
@@ -315,6 +316,81 @@ def test_an_end_waits_for_its_start_to_be_due(storage: Storage) -> None:
     assert storage.store_event(EDGE, event(2, "end"), b"") == []  # no frame yet: neither start nor end
 
     assert phases(storage.store_frame(EDGE, frame(3, "ev-1"), b"jpeg")) == [("start", "ev-1"), ("end", "ev-1")]
+
+
+def test_a_batch_with_a_duplicate_in_the_middle_stores_the_others(
+    storage: Storage, sessions: sessionmaker, store: FrameStore
+) -> None:
+    storage.store_frame(EDGE, frame(2), b"jpeg-2")
+    batch = [
+        Message(EDGE, frame(1, "ev-1"), b"jpeg-1"),
+        Message(EDGE, frame(2), b"other bytes"),  # stored before: nothing of it is written
+        Message(EDGE, event(3, "start"), b""),
+        Message(EDGE, frame(1, "ev-1"), b"jpeg-1"),  # a resend within the same batch
+    ]
+
+    stored = storage.store_many(batch)
+    assert stored.outcomes == ["stored", "duplicate", "stored", "duplicate"]
+    assert phases(stored.notifications) == [("start", "ev-1")]  # due once the start and its frame committed
+    assert sorted(f.seq for f in rows(sessions, StoredFrame)) == [1, 2]
+    assert files(store) == [f"frames/{EDGE}/{CAMERA}/{RUN}-{seq}.jpg" for seq in (1, 2)]
+    assert store.open_path(f"frames/{EDGE}/{CAMERA}/{RUN}-2.jpg").read_bytes() == b"jpeg-2"
+    assert storage.counts == {"stored": 3, "duplicates": 2}
+    storage.mark_notified(stored.notifications[0])
+
+    again = storage.store_many(batch)  # the next pass, or a restarted cloud
+    assert again.outcomes == ["duplicate"] * 4 and again.notifications == []
+
+
+def test_racing_batches_store_each_message_once(storage: Storage, sessions: sessionmaker, store: FrameStore) -> None:
+    batch = [Message(EDGE, frame(seq), b"jpeg") for seq in range(1, 6)]
+
+    results = race(*[lambda: storage.store_many(batch)] * 3)
+    for seq in range(5):
+        assert sorted(result.outcomes[seq] for result in results) == ["duplicate", "duplicate", "stored"]
+    assert sorted(f.seq for f in rows(sessions, StoredFrame)) == list(range(1, 6))
+    assert files(store) == sorted(f"frames/{EDGE}/{CAMERA}/{RUN}-{seq}.jpg" for seq in range(1, 6))
+
+
+def test_a_message_whose_file_cannot_be_written_costs_only_itself(
+    storage: Storage, sessions: sessionmaker, store: FrameStore
+) -> None:
+    (store.root / "frames" / EDGE).mkdir(parents=True)
+    (store.root / "frames" / EDGE / "blocked").write_text("a file where the camera's folder goes")
+    blocked = frame(2).model_copy(update={"camera": "blocked"})
+
+    stored = storage.store_many(
+        [Message(EDGE, frame(1), b"a"), Message(EDGE, blocked, b"b"), Message(EDGE, frame(3), b"c")]
+    )
+    assert stored.outcomes[0] == stored.outcomes[2] == "stored"
+    assert isinstance(stored.outcomes[1], OSError)
+    assert sorted(f.seq for f in rows(sessions, StoredFrame)) == [1, 3]
+    assert rows(sessions, Received, Received.seq == 2) == []  # not stored: its resend is stored
+    with pytest.raises(OSError):
+        storage.store_frame(EDGE, blocked, b"b")
+
+
+def test_a_batch_whose_commit_fails_stores_nothing_and_is_stored_when_sent_again(
+    storage: Storage, sessions: sessionmaker, store: FrameStore
+) -> None:
+    batch = [Message(EDGE, event(1, "start"), b""), Message(EDGE, frame(2, "ev-1"), b"jpeg")]
+
+    def refuse(session: Session) -> None:
+        if not session.in_nested_transaction():  # the batch's commit, not a message's savepoint
+            raise RuntimeError("commit refused")
+
+    sa_event.listen(sessions, "before_commit", refuse)
+    try:
+        with pytest.raises(RuntimeError, match="commit refused"):
+            storage.store_many(batch)
+    finally:
+        sa_event.remove(sessions, "before_commit", refuse)
+    assert rows(sessions, Received) == rows(sessions, StoredFrame) == rows(sessions, Event) == []
+    assert storage.counts == {"stored": 0, "duplicates": 0}
+
+    stored = storage.store_many(batch)
+    assert stored.outcomes == ["stored", "stored"]
+    assert phases(stored.notifications) == [("start", "ev-1")]
 
 
 def test_hello_seen_and_stats_update_edges_and_cameras(storage: Storage, sessions: sessionmaker) -> None:
