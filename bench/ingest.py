@@ -22,7 +22,6 @@ import logging
 import os
 import platform
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,9 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import yaml
+from cloud_process import wait_healthy, write_cloud_config
 from sqlalchemy import select
 
+from cloud.config import load_cloud_config
 from cloud.db import StoredFrame, make_engine
 from edge.config import CloudLink, SpoolConfig
 from edge.encoder import encode_jpeg
@@ -57,12 +57,6 @@ class Result:
     p99_ms: float
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def sample_jpeg() -> bytes:
     """A real frame of the intel-car clip as JPEG q80 (a synthetic image when the clips are absent)."""
     import cv2
@@ -78,37 +72,18 @@ def sample_jpeg() -> bytes:
 
 
 class Cloud:
-    """The cloud server as its own process, as operators run it."""
+    """The cloud server as its own process (bench/cloud_process.py), with insecure ZeroMQ on loopback."""
 
     def __init__(self, folder: Path, database_url: str | None):
-        self.http, self.ingest, self.publish = free_port(), free_port(), free_port()
-        config = {
-            "data_dir": str(folder / "cloud"),
-            "port": self.http,
-            "tokens": [{"name": "bench", "token": TOKEN, "scopes": ["read", "write"]}],
-            "zmq": {"bind": "127.0.0.1", "ingest_port": self.ingest, "publish_port": self.publish, "insecure": True},
-        }
-        if database_url:
-            config["database_url"] = database_url
-        path = folder / "cloud.yaml"
-        path.write_text(yaml.safe_dump(config))
-        self.db_url = database_url or f"sqlite:///{folder / 'cloud' / 'filterforward.db'}"
+        settings = {"database_url": database_url} if database_url else {}
+        path = write_cloud_config(folder, TOKEN, {"insecure": True}, **settings)
+        config = load_cloud_config(path)
+        self.ingest, self.publish = config.zmq.ingest_port, config.zmq.publish_port
+        self.db_url = config.db_url
         command = [sys.executable, "-m", "filterforward", "cloud", "serve", "--config", str(path)]
         with open(folder / "cloud.log", "w") as cloud_log:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=cloud_log)
-        self._wait_healthy()
-
-    def _wait_healthy(self) -> None:
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.http}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError("the cloud server did not come up; see cloud.log")
+        wait_healthy(config.base_url, self.process, folder / "cloud.log")
 
     def close(self) -> None:
         self.process.terminate()

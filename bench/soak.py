@@ -28,7 +28,6 @@ import platform
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ import httpx
 import numpy as np
 import sqlalchemy as sa
 import yaml
+from cloud_process import START_TIMEOUT_S, free_port, wait_healthy, write_cloud_config
 
 from cloud.config import load_cloud_config
 from cloud.db import Event, Received, StoredFrame, make_engine
@@ -55,7 +55,6 @@ TOKEN = "soak-operator-token-0123456789"
 RED, ALWAYS = "red-car", "always"
 TRAIN_FRAMES = "0:212"  # the split of the README's red-vehicle result
 SPOOL_BYTES = 2**30
-START_TIMEOUT_S = 60.0  # cameras and the cloud answer well within this; only a broken setup reaches it
 STEADY_FPS = 0.9  # a camera is steady when every sample after the warm-up is at least this share of its clip's fps
 MAX_GROWTH_MB_PER_MIN = 1.0  # "no growth in memory": the edge's RSS slope after the warm-up stays below this
 MEMORY_WINDOW_S = 120.0  # a shorter stretch after the warm-up gives no memory verdict (still warming up)
@@ -76,12 +75,6 @@ def run_command(command: list[str], what: str) -> None:
     if result.returncode != 0:
         lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
         raise SystemExit(f"{what} failed: {lines[-1]}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -192,31 +185,11 @@ def make_keys(work: Path) -> Path:
 
 
 def start_cloud(work: Path, keys: Path, processes: Processes) -> Cloud:
-    config = {
-        "data_dir": str(work / "cloud"),
-        "host": "127.0.0.1",
-        "port": free_port(),
-        "tokens": [{"name": "operator", "token": TOKEN, "scopes": ["read", "write"]}],
-        "zmq": {
-            "bind": "127.0.0.1",
-            "ingest_port": free_port(),
-            "publish_port": free_port(),
-            "secret_key": str(keys / "cloud.key_secret"),
-            "edge_keys": str(keys / "edges"),
-        },
-    }
-    path = work / "cloud.yaml"
-    path.write_text(yaml.safe_dump(config))
+    zmq = {"secret_key": str(keys / "cloud.key_secret"), "edge_keys": str(keys / "edges")}
+    path = write_cloud_config(work, TOKEN, zmq)
     cloud = Cloud(path, processes.start(filterforward("cloud", "serve", "--config", str(path)), work / "cloud.log"))
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and cloud.process.poll() is None:
-        try:
-            if httpx.get(f"{cloud.url}/healthz", timeout=1).status_code == 200:
-                return cloud
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"the cloud did not come up; see {work / 'cloud.log'}")
+    wait_healthy(cloud.url, cloud.process, work / "cloud.log")
+    return cloud
 
 
 def write_edge_config(work: Path, keys: Path, cloud: Cloud, urls: list[str], args: argparse.Namespace) -> Path:
