@@ -46,6 +46,7 @@ from models.training import (
     TrainingData,
     TrainResult,
     check_config,
+    cross_validate,
     finish_training,
     load_training_data,
     make_optimizer,
@@ -131,11 +132,25 @@ class WorkerOutcome:
 
 
 def train_distributed(job: TrainingJob) -> WorkerOutcome:
-    """The worker's training in an initialised process group (torchrun's, or any other)."""
+    """The worker's training in an initialised process group (torchrun's, or any other): every rank takes part
+    in each cross-validation fold and in the final training, so the folds see the same optimizer as the filter."""
     rank = dist.get_rank()
     config = dataclasses.replace(job.config, device=_device(job.config.device))
     dataset = open_dataset(job.dataset)
     data = _load_rank0_first(dataset, config, job.model_path, job.progress and rank == 0)
+    progress = job.progress and rank == 0
+    validation = cross_validate(data, config, lambda fold: _fit_on_ranks(config, fold, progress)[:2])
+    model, losses, averaged = _fit_on_ranks(config, data, progress)
+    result = None
+    if rank == 0:
+        result = finish_training(model, data, config, job.out_dir, job.model_path, losses, validation)
+    return WorkerOutcome(model, losses, averaged, result)
+
+
+def _fit_on_ranks(config: TrainConfig, data: TrainingData, progress: bool) -> tuple[MicroClassifier, list[float], bool]:
+    """One MC trained by every rank on its own batches and made identical across ranks; whether that took an
+    average of the ranks' parameters."""
+    rank = dist.get_rank()
     model = new_model(config, data)
     _broadcast_parameters(model)  # identical seeds make them equal already; this makes it a guarantee
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr, config.steps, config.curricula)
@@ -145,13 +160,20 @@ def train_distributed(job: TrainingJob) -> WorkerOutcome:
     sampler = BalancedSampler(data.frames, data.targets, config.batch_size, config.seed + rank)
     with torch_threads(config.threads):
         losses = train_steps(
-            net, data, optimizer, sampler, config.steps, config.device, job.progress and rank == 0, config.curricula
+            net,
+            data,
+            optimizer,
+            sampler,
+            config.steps,
+            config.device,
+            progress,
+            config.curricula,
+            config.label_smoothing,
         )
     averaged = synchronise_parameters(model)
     if averaged:
         log.info("ranks ended between synchronisations: their parameters were averaged once")
-    result = finish_training(model, data, config, job.out_dir, job.model_path, losses) if rank == 0 else None
-    return WorkerOutcome(model, losses, averaged, result)
+    return model, losses, averaged
 
 
 def synchronise_parameters(model: MicroClassifier) -> bool:

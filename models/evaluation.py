@@ -25,6 +25,9 @@ import numpy as np
 from models.errors import FilterForwardError
 
 EXISTENCE_WEIGHT = 0.9
+# Frames ignored on each side of a label boundary when scoring a filter (`filterforward eval`, cross-validation):
+# hand-set boundaries are good to about this much (see the car clip's SOURCE.md).
+BOUNDARY_TOLERANCE = 2
 
 
 @dataclass(frozen=True)

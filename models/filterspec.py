@@ -37,6 +37,26 @@ class Encoding(BaseModel):
     jpeg_quality: int = Field(80, ge=10, le=100)
 
 
+class Validation(BaseModel):
+    """What cross-validation over time on the training frames expects of the filter on footage it has not seen.
+
+    Each fold held out whole occurrences of the event (or, with one occurrence, thirds of it: method
+    "blocks") and was scored by a model trained without them, at the filter's threshold and k-of-n.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event_f1: float = Field(ge=0.0, le=1.0, description="event F1 over all held-out frames")
+    f1_min: float = Field(ge=0.0, le=1.0, description="the worst fold's event F1")
+    f1_max: float = Field(ge=0.0, le=1.0, description="the best fold's event F1")
+    precision: float = Field(ge=0.0, le=1.0)
+    event_recall: float = Field(ge=0.0, le=1.0)
+    folds: int = Field(ge=0, le=64)
+    occurrences: int = Field(ge=0, description="separate occurrences of the event in the training frames")
+    method: Literal["occurrences", "blocks"]
+    warnings: tuple[str, ...] = Field((), max_length=16, description="why the estimate may not hold, and what to label")
+
+
 class FilterSpec(BaseModel):
     """Everything the edge needs to run one microclassifier, except its ONNX weights (stored beside it)."""
 
@@ -53,6 +73,7 @@ class FilterSpec(BaseModel):
     window: int = Field(5, ge=1, le=64, description="frames stacked by a windowed MC")
     encoding: Encoding = Encoding()
     version: int = Field(1, ge=1)
+    validation: Validation | None = Field(None, description="cross-validated estimate from training, if any")
 
     def applies_to(self, camera: str) -> bool:
         return "*" in self.cameras or camera in self.cameras

@@ -2,6 +2,10 @@
 
 Every MC takes `features` [B, C, h, w] (the tap cropped to its ROI) and its `forward` returns `score` [B],
 a probability. Training uses `logits` (same graph without the final sigmoid) for a stable BCE loss.
+An MC built with a region mask (the cells of its crop inside the event's polygon) ignores the other cells: the
+full-frame MC takes its max over the masked cells only, the others see zeros outside the mask. The mask is a
+constant of the exported graph.
+
 The windowed MC is stateful on the edge: its forward takes the current frame's features plus the history
 of reduced features of the previous W-1 frames and also returns this frame's reduction; `logits` takes a
 whole window [B, W, C, h, w] with a validity mask so that training sees exactly the edge's zeros before the
@@ -13,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import get_args
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,6 +28,8 @@ ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
 # The FC input of localized/windowed/discrete MCs is max-pooled to at most this many cells per side so that
 # its size (and the MC's cost) does not grow with the ROI or the input resolution.
 MAX_FC_GRID = 8
+# The logit of a cell outside the region: no real logit comes near it, and sigmoid(it) is exactly 0 in float32.
+OUTSIDE_LOGIT = -1.0e4
 
 
 class MicroClassifier(nn.Module):
@@ -30,6 +37,15 @@ class MicroClassifier(nn.Module):
 
     architecture: str = ""
     window: int = 1
+    mask: torch.Tensor | None
+
+    def set_mask(self, mask: np.ndarray | None) -> None:
+        """Keep the region mask (bool [h, w] over the crop) as a constant of the graph; None: every cell counts."""
+        self.register_buffer("mask", None if mask is None or mask.all() else torch.from_numpy(np.asarray(mask, bool)))
+
+    def masked(self, features: torch.Tensor) -> torch.Tensor:
+        """Features with the cells outside the region set to zero."""
+        return features if self.mask is None else features * self.mask.to(features.dtype)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
@@ -89,11 +105,12 @@ class LocalizedHead(nn.Module):
 
 
 class FullFrame(MicroClassifier):
-    """A tiny classifier at every cell (1x1 convs 32, 32, 1), max over cells: "is the object anywhere?"."""
+    """A tiny classifier at every cell (1x1 convs 32, 32, 1), max over the cells: "is the object anywhere (in the
+    region)?". It has no notion of position, so it finds the event wherever in the region it happens next."""
 
     architecture = "full_frame"
 
-    def __init__(self, channels: int, hidden: tuple[int, int] = (32, 32)):
+    def __init__(self, channels: int, mask: np.ndarray | None = None, hidden: tuple[int, int] = (32, 32)):
         super().__init__()
         self.cells = nn.Sequential(
             nn.Conv2d(channels, hidden[0], 1),
@@ -102,9 +119,25 @@ class FullFrame(MicroClassifier):
             nn.ReLU(inplace=True),
             nn.Conv2d(hidden[1], 1, 1),
         )
+        self.set_mask(mask)
+
+    def cell_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[B, h*w] logits per cell, cells outside the region far below any real logit."""
+        cells = self.cells(features).flatten(1)
+        return cells if self.mask is None else cells.masked_fill(~self.mask.flatten(), OUTSIDE_LOGIT)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        return self.cells(features).amax(dim=(1, 2, 3))
+        if self.training and torch.is_grad_enabled():
+            return self._max_cell_with_grad(features)
+        return self.cell_logits(features).amax(dim=1)
+
+    def _max_cell_with_grad(self, features: torch.Tensor) -> torch.Tensor:
+        """The same max, computed for training at a third of the cost: the gradient of a max reaches only the
+        winning cell, so the cells are ranked without autograd and only each sample's winner is run with it."""
+        with torch.no_grad():
+            winners = self.cell_logits(features).argmax(dim=1)
+        picked = features.flatten(2)[torch.arange(features.shape[0], device=features.device), :, winners]
+        return self.cells(picked[:, :, None, None]).flatten()
 
 
 class Localized(MicroClassifier):
@@ -112,12 +145,13 @@ class Localized(MicroClassifier):
 
     architecture = "localized"
 
-    def __init__(self, channels: int, crop_hw: tuple[int, int]):
+    def __init__(self, channels: int, crop_hw: tuple[int, int], mask: np.ndarray | None = None):
         super().__init__()
         self.head = LocalizedHead(channels, crop_hw)
+        self.set_mask(mask)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        return self.head(features)
+        return self.head(self.masked(features))
 
 
 class Windowed(MicroClassifier):
@@ -129,7 +163,14 @@ class Windowed(MicroClassifier):
 
     architecture = "windowed"
 
-    def __init__(self, channels: int, crop_hw: tuple[int, int], window: int = 5, reduced: int = 16):
+    def __init__(
+        self,
+        channels: int,
+        crop_hw: tuple[int, int],
+        window: int = 5,
+        mask: np.ndarray | None = None,
+        reduced: int = 16,
+    ):
         super().__init__()
         if window < 2:
             raise FilterForwardError(f"a windowed MC needs a window of at least 2 frames, got {window}")
@@ -137,18 +178,19 @@ class Windowed(MicroClassifier):
         self.reduced = reduced
         self.reduce = nn.Sequential(nn.Conv2d(channels, reduced, 1), nn.ReLU(inplace=True))
         self.head = LocalizedHead(window * reduced, crop_hw)
+        self.set_mask(mask)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """`features` [B, W, C, h, w], oldest first; `valid` [B, W] is False for frames before the stream."""
         batch, window = features.shape[:2]
-        reduced = self.reduce(features.flatten(0, 1)).unflatten(0, (batch, window))
+        reduced = self.masked(self.reduce(features.flatten(0, 1))).unflatten(0, (batch, window))
         if valid is not None:
             reduced = reduced * valid[:, :, None, None, None].to(reduced.dtype)
         return self.head(reduced.flatten(1, 2))
 
     def forward(self, features: torch.Tensor, history: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
         """One edge step: `history` [B, (W-1)*R, h, w] -> (score [B], this frame's reduction [B, R, h, w])."""
-        reduced = self.reduce(features)
+        reduced = self.masked(self.reduce(features))
         score = torch.sigmoid(self.head(torch.cat([history, reduced], dim=1)))
         return score, reduced
 
@@ -158,7 +200,13 @@ class Discrete(MicroClassifier):
 
     architecture = "discrete"
 
-    def __init__(self, channels: int, crop_hw: tuple[int, int], depths: tuple[int, ...] = (16, 32, 64, 64, 64)):
+    def __init__(
+        self,
+        channels: int,
+        crop_hw: tuple[int, int],
+        mask: np.ndarray | None = None,
+        depths: tuple[int, ...] = (16, 32, 64, 64, 64),
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         cin, hw = channels, crop_hw
@@ -167,24 +215,29 @@ class Discrete(MicroClassifier):
             cin, hw = depth, (conv_out(hw[0], 2), conv_out(hw[1], 2))
         self.convs = nn.Sequential(*layers)
         self.fc = PooledFC(cin, hw, 128)
+        self.set_mask(mask)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        return self.fc(self.convs(features))
+        return self.fc(self.convs(self.masked(features)))
 
 
-def build_mc(architecture: str, channels: int, crop_hw: tuple[int, int], window: int = 5) -> MicroClassifier:
-    """A fresh (untrained) MC for a crop of `channels` x `crop_hw` cells."""
+def build_mc(
+    architecture: str, channels: int, crop_hw: tuple[int, int], window: int = 5, mask: np.ndarray | None = None
+) -> MicroClassifier:
+    """A fresh (untrained) MC for a crop of `channels` x `crop_hw` cells; `mask` (bool, crop_hw): the region's cells."""
     height, width = crop_hw
     if height < 1 or width < 1 or channels < 1:
         raise FilterForwardError(f"MC input must have at least one channel and cell, got {channels}x{height}x{width}")
+    if mask is not None and (mask.shape != tuple(crop_hw) or not mask.any()):
+        raise FilterForwardError(f"a region mask must be {height}x{width} with a cell inside, got {mask.shape}")
     if architecture == "full_frame":
-        return FullFrame(channels)
+        return FullFrame(channels, mask)
     if architecture == "localized":
-        return Localized(channels, crop_hw)
+        return Localized(channels, crop_hw, mask)
     if architecture == "windowed":
-        return Windowed(channels, crop_hw, window)
+        return Windowed(channels, crop_hw, window, mask)
     if architecture == "discrete":
-        return Discrete(channels, crop_hw)
+        return Discrete(channels, crop_hw, mask)
     raise FilterForwardError(f"unknown MC architecture {architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
 
 

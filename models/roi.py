@@ -1,14 +1,65 @@
-"""Regions of interest in normalised image coordinates, mapped onto feature-map cells."""
+"""Regions of interest in normalised image coordinates (0..1, origin top-left), mapped onto feature-map cells.
+
+A region is a box or a polygon. An MC reads the tap cells under the region's bounding box (the crop); with a
+polygon, only the cells whose centres lie inside it count (the mask), so "inside the region" is given to
+the MC rather than learned from where the training examples happened to be.
+"""
 
 from __future__ import annotations
 
 import math
+import re
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+
+from models.errors import FilterForwardError
+
+Point = tuple[float, float]
+POLYGON_HINT = "write at least 3 points 'x,y x,y x,y' in normalised 0..1 coordinates, e.g. '0,0.5 1,0.5 1,1 0,1'"
+REGION_HINT = f"give a box x0,y0,x1,y1 in 0..1 (e.g. 0.5,0,1,1) or a polygon: {POLYGON_HINT}"
+MAX_POLYGON_POINTS = 64
+# Sample points per cell side when deciding which cells a polygon covers.
+_SAMPLES = 4
+
+
+def polygon_errors(points: tuple[Point, ...]) -> str | None:
+    """Why these points are no usable polygon, or None."""
+    if len(points) < 3:
+        return f"a polygon needs at least 3 points, got {len(points)}"
+    if len(points) > MAX_POLYGON_POINTS:
+        return f"a polygon has at most {MAX_POLYGON_POINTS} points, got {len(points)}"
+    array = np.asarray(points, dtype=float)
+    if not np.isfinite(array).all() or array.min() < 0.0 or array.max() > 1.0:
+        return "polygon points must be in normalised coordinates 0..1"
+    if abs(_area(array)) < 1e-9:
+        return "the polygon has no area"
+    return None
+
+
+def contains(points: tuple[Point, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Which points (normalised x, y arrays) lie inside the polygon (even-odd rule)."""
+    array = np.asarray(points, dtype=float)
+    xi, yi = array[:, 0], array[:, 1]
+    xj, yj = np.roll(xi, 1), np.roll(yi, 1)
+    px = np.asarray(x, dtype=float)[..., None]
+    py = np.asarray(y, dtype=float)[..., None]
+    crosses = (yi > py) != (yj > py)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x_cross = (xj - xi) * (py - yi) / (yj - yi) + xi
+    return np.count_nonzero(crosses & (px < x_cross), axis=-1) % 2 == 1
+
+
+def _area(points: np.ndarray) -> float:
+    x, y = points[:, 0], points[:, 1]
+    return 0.5 * float(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1)))
 
 
 class ROI(BaseModel):
-    """An axis-aligned box in normalised image coordinates (0..1, origin top-left)."""
+    """A box in normalised image coordinates, optionally with a polygon inside it (the box is its bounding box).
+
+    Give either the box (x0, y0, x1, y1) or the polygon alone; the box of a polygon is filled in.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -16,23 +67,131 @@ class ROI(BaseModel):
     y0: float = Field(0.0, ge=0.0, le=1.0)
     x1: float = Field(1.0, ge=0.0, le=1.0)
     y1: float = Field(1.0, ge=0.0, le=1.0)
+    polygon: tuple[Point, ...] | None = Field(
+        None, description="points (x, y) in 0..1; only the cells whose centres lie inside count"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _box_of_polygon(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("polygon") is not None:
+            try:
+                points = tuple((float(x), float(y)) for x, y in data["polygon"])
+            except (TypeError, ValueError):
+                return data  # the field's own validation says what is wrong
+            if reason := polygon_errors(points):
+                raise ValueError(reason)
+            xs, ys = zip(*points, strict=True)
+            box = {"x0": min(xs), "y0": min(ys), "x1": max(xs), "y1": max(ys)}
+            given = {key: data[key] for key in box if key in data}
+            if any(not math.isclose(float(value), box[key], abs_tol=1e-6) for key, value in given.items()):
+                raise ValueError("a polygon's box is its bounding box: give the polygon alone")
+            return {**data, **box}
+        return data
 
     @model_validator(mode="after")
-    def _ordered(self) -> ROI:
+    def _valid(self) -> ROI:
         if self.x1 <= self.x0 or self.y1 <= self.y0:
             raise ValueError(f"ROI needs x0 < x1 and y0 < y1, got ({self.x0}, {self.y0}, {self.x1}, {self.y1})")
         return self
 
     def cells(self, height: int, width: int) -> tuple[slice, slice]:
-        """Row and column slices of a (height x width) grid covered by this ROI (at least one cell)."""
+        """Row and column slices of a (height x width) grid covered by this ROI's box (at least one cell)."""
         return _span(self.y0, self.y1, height), _span(self.x0, self.x1, width)
 
     def cell_shape(self, height: int, width: int) -> tuple[int, int]:
         rows, cols = self.cells(height, width)
         return rows.stop - rows.start, cols.stop - cols.start
 
+    def cell_mask(self, height: int, width: int) -> np.ndarray:
+        """Bool mask over the crop's cells (shape `cell_shape`): the cells this region covers.
+
+        A box covers its whole crop. A polygon covers the cells at least half inside it (sampled on a 4x4
+        grid per cell); a polygon too thin for that covers the cells it overlaps most.
+        """
+        rows, cols = self.cells(height, width)
+        if self.polygon is None:
+            return np.ones((rows.stop - rows.start, cols.stop - cols.start), dtype=bool)
+        offsets = (np.arange(_SAMPLES) + 0.5) / _SAMPLES
+        ys = ((np.arange(rows.start, rows.stop)[:, None] + offsets) / height).ravel()
+        xs = ((np.arange(cols.start, cols.stop)[:, None] + offsets) / width).ravel()
+        inside = contains(self.polygon, xs[None, :], ys[:, None])
+        coverage = inside.reshape(len(ys) // _SAMPLES, _SAMPLES, len(xs) // _SAMPLES, _SAMPLES).mean(axis=(1, 3))
+        mask = coverage >= 0.5
+        return mask if mask.any() else coverage == coverage.max()
+
+    def contains(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Which normalised points lie in the region (the polygon, else the box)."""
+        if self.polygon is not None:
+            return contains(self.polygon, x, y)
+        x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+        return (x >= self.x0) & (x < self.x1) & (y >= self.y0) & (y < self.y1)
+
+    def describe(self) -> str:
+        """One line for people: the polygon's points, or the box."""
+        if self.polygon is not None:
+            return "polygon " + " ".join(f"{x:g},{y:g}" for x, y in self.polygon)
+        if self == FULL_FRAME:
+            return "full frame"
+        return f"box {self.x0:g},{self.y0:g},{self.x1:g},{self.y1:g}"
+
 
 FULL_FRAME = ROI()
+
+
+class Polygon(RootModel[tuple[Point, ...]]):
+    """A polygon in normalised image coordinates (0..1, origin top-left), as a list of (x, y) points."""
+
+    model_config = ConfigDict(frozen=True)
+
+    @model_validator(mode="after")
+    def _valid(self) -> Polygon:
+        if reason := polygon_errors(self.root):
+            raise ValueError(reason)
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> Polygon:
+        """Parse 'x,y x,y x,y ...' (points split by spaces or ';'), e.g. '0,0.5 1,0.5 1,1 0,1'."""
+        try:
+            return cls.model_validate(_points(text))
+        except (ValueError, ValidationError) as exc:
+            raise FilterForwardError(f"polygon {text!r} does not parse ({_reason(exc)}): {POLYGON_HINT}") from None
+
+    def contains(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Which points (normalised x, y arrays) lie inside (even-odd rule; the bottom/right edges are outside)."""
+        return contains(self.root, x, y)
+
+    def bbox(self) -> ROI:
+        points = np.asarray(self.root, dtype=float)
+        (x0, y0), (x1, y1) = points.min(axis=0), points.max(axis=0)
+        return ROI(x0=x0, y0=y0, x1=x1, y1=y1)
+
+    def roi(self) -> ROI:
+        """This polygon as an MC's region: its bounding box as the crop, itself as the mask."""
+        return ROI(polygon=self.root)
+
+
+def parse_region(text: str) -> ROI:
+    """A region from the command line: 'x0,y0,x1,y1' (a box) or 'x,y x,y x,y ...' (a polygon)."""
+    text = text.strip()
+    try:
+        if re.fullmatch(r"[^\s;]*", text) and text.count(",") == 3:
+            x0, y0, x1, y1 = (float(part) for part in text.split(","))
+            return ROI(x0=x0, y0=y0, x1=x1, y1=y1)
+        return ROI(polygon=_points(text))
+    except (ValueError, ValidationError) as exc:
+        raise FilterForwardError(f"region {text!r} is not valid ({_reason(exc)}): {REGION_HINT}") from None
+
+
+def _points(text: str) -> list[tuple[float, ...]]:
+    return [tuple(float(v) for v in pair.split(",")) for pair in re.split(r"[\s;]+", text.strip().strip(";"))]
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        return exc.errors()[0]["msg"].removeprefix("Value error, ")
+    return "not numbers 'x,y'"
 
 
 def _span(lo: float, hi: float, n: int) -> slice:

@@ -18,7 +18,8 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +29,14 @@ from pydantic import ValidationError
 from torch import nn
 from tqdm import tqdm
 
-from edge.smoother import smooth_scores
 from models.bundle import check_mc_model, validation_summary, write_bundle
+from models.crossval import CrossValidation, choose_operating_point, plan_folds, summarize
 from models.curriculum import CurriculumScheduler
 from models.datasets.labelled import UNCERTAIN, LabelledDataset
 from models.errors import FilterForwardError
-from models.evaluation import EventScores, event_f1
+from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1
 from models.features import FeatureRequest, cached_features
-from models.filterspec import NAME_PATTERN, FilterSpec, Smoothing
+from models.filterspec import NAME_PATTERN, FilterSpec, Smoothing, Validation
 from models.mc_export import export_mc, verify_export
 from models.microclassifiers import ARCHITECTURES, MicroClassifier, build_mc
 from models.roi import FULL_FRAME, ROI
@@ -44,8 +45,6 @@ from models.taps import PIXEL_TAP, PIXELS
 log = logging.getLogger(__name__)
 
 DEFAULT_TAPS = {"full_frame": "late", "localized": "mid", "windowed": "mid", "discrete": PIXELS}
-# Candidate thresholds: a grid fine enough for event F1, never 0 or 1 (FilterSpec needs 0 < t < 1).
-THRESHOLDS = np.round(np.arange(0.05, 0.96, 0.05), 2)
 
 # Factories take (parameters, learning rate, step budget, first step of full difficulty): the compressed
 # optimizers' stage lengths (full-precision warm-up, variance freezing, local-step growth) are fractions of
@@ -182,6 +181,9 @@ class TrainConfig:
     curricula: tuple[Curriculum, ...] = ()
     smoothing: Smoothing = field(default_factory=Smoothing)
     name: str | None = None  # filter name; default "<event>-<architecture>"
+    # Targets 0.1/0.9 instead of 0/1: the MC cannot push its training frames to scores of exactly 0 or 1, so new
+    # occurrences (which always score lower than the frames it was fitted to) do not fall off a cliff.
+    label_smoothing: float = 0.1
     device: str = "cpu"
     # MCs are tiny: one CPU thread is as fast as several and does not collapse when cores are shared.
     threads: int = 1
@@ -207,10 +209,23 @@ class TrainingData:
     frames: np.ndarray  # frame indices of the range with a certain label
     targets: np.ndarray  # float32 0/1 per entry of `frames`
     window: int
+    fps: float
+    mask: np.ndarray  # bool [h, w]: the crop's cells inside the region
 
     @property
     def crop_chw(self) -> tuple[int, int, int]:
         return tuple(self.features.shape[1:])
+
+    def only(self, frames: np.ndarray) -> TrainingData:
+        """The same data, training on these frames only (a cross-validation fold)."""
+        keep = np.isin(self.frames, frames)
+        return replace(self, frames=self.frames[keep], targets=self.targets[keep])
+
+    def frame_labels(self) -> np.ndarray:
+        """Labels indexed by frame number (-1 before the span)."""
+        labels = np.full(self.span[1], UNCERTAIN, dtype=np.int8)
+        labels[self.span[0] :] = self.labels
+        return labels
 
     def inputs(self, frames: np.ndarray, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
         """Model inputs for these frames: crops [B, C, h, w], or for windowed MCs windows [B, W, C, h, w]
@@ -241,22 +256,64 @@ def train_mc(
     model_path: Path | None = None,
     progress: bool = True,
 ) -> TrainResult:
-    """Train, pick the threshold on the training range, export to ONNX and write the bundle to `out_dir`."""
+    """Cross-validate over time (which sets the operating point), train on every training frame, export to ONNX
+    and write the bundle to `out_dir`."""
     data = load_training_data(dataset, config, model_path, progress)
+    fit = partial(fit_mc, config, progress=progress)
+    validation = cross_validate(data, config, fit)
+    model, losses = fit(data)
+    return finish_training(model, data, config, out_dir, model_path, losses, validation)
+
+
+def fit_mc(config: TrainConfig, data: TrainingData, progress: bool = True) -> tuple[MicroClassifier, list[float]]:
+    """A fresh MC trained on the data's training frames; its loss per step."""
     model = new_model(config, data)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr, config.steps, config.curricula)
     sampler = BalancedSampler(data.frames, data.targets, config.batch_size, config.seed)
     with torch_threads(config.threads):
         losses = train_steps(
-            Logits(model), data, optimizer, sampler, config.steps, config.device, progress, config.curricula
+            Logits(model),
+            data,
+            optimizer,
+            sampler,
+            config.steps,
+            config.device,
+            progress,
+            config.curricula,
+            config.label_smoothing,
         )
-    return finish_training(model, data, config, out_dir, model_path, losses)
+    return model, losses
+
+
+Fit = Callable[[TrainingData], tuple[MicroClassifier, list[float]]]
+
+
+def cross_validate(data: TrainingData, config: TrainConfig, fit: Fit) -> CrossValidation | None:
+    """Out-of-fold scores of every training frame (see models/crossval.py) and the operating point they choose;
+    None when the training frames cannot be split into two folds that each hold both classes."""
+    labels = data.frame_labels()
+    # Runs of the event less than a second apart are one occurrence; frames within 0.2 s of a held-out frame
+    # (near copies of it) or within a windowed MC's window are not trained on.
+    merge_gap, guard = max(2, round(data.fps)), max(2, round(data.fps / 5), config.context)
+    plan = plan_folds(labels, data.span, merge_gap=merge_gap, guard=guard)
+    if len(plan.folds) < 2:
+        log.warning("cannot cross-validate %s: too few occurrences and negatives to hold any out", config.event)
+        return None
+    scores = np.full(labels.size, np.nan)
+    for number, fold in enumerate(plan.folds, start=1):
+        log.info("cross-validation fold %d of %d: %d held-out frames", number, len(plan.folds), fold.held_out.size)
+        model, _ = fit(data.only(fold.train))
+        check_finite(model, config)
+        with torch_threads(config.threads):
+            scores[fold.held_out] = predict(model, data, fold.held_out, device=config.device)
+    return summarize(plan, scores, labels, int(data.targets.sum()))
 
 
 def new_model(config: TrainConfig, data: TrainingData) -> MicroClassifier:
     """A fresh MC for the data's crops, initialised from the config's seed (the same on every rank)."""
     torch.manual_seed(config.seed)
-    return build_mc(config.architecture, data.crop_chw[0], data.crop_chw[1:], config.window).to(config.device)
+    model = build_mc(config.architecture, data.crop_chw[0], data.crop_chw[1:], config.window, data.mask)
+    return model.to(config.device)
 
 
 def finish_training(
@@ -266,15 +323,23 @@ def finish_training(
     out_dir: Path,
     model_path: Path | None,
     losses: list[float],
+    validation: CrossValidation | None,
 ) -> TrainResult:
-    """Pick the threshold on the training range, export to ONNX and write the bundle to `out_dir`."""
+    """Take the cross-validated operating point (without one: the best on the training frames), export to ONNX
+    and write the bundle to `out_dir`."""
     check_finite(model, config)
+    frames = np.arange(*data.span)
     with torch_threads(config.threads):
-        scores = predict(model, data, np.arange(*data.span), device=config.device)
-    threshold, train_scores = choose_threshold(scores, data.labels, config.smoothing)
-    spec = make_spec(config, threshold)
+        scores = predict(model, data, frames, device=config.device)
+    labels = data.frame_labels()
+    if validation is None:
+        point, _ = choose_operating_point(np.concatenate([np.full(data.span[0], np.nan), scores]), labels)
+    else:
+        point = validation.point
+    train_scores = event_f1(data.labels, point.apply(scores), BOUNDARY_TOLERANCE)
+    spec = make_spec(config, point.smoothing, validation and validation.validation)
     bundle = finish_bundle(model, spec, data.crop_chw, _tap_shape(config, model_path), out_dir)
-    log.info("trained %s: train event F1 %.3f at threshold %.2f", spec.name, train_scores.f1, threshold)
+    log.info("trained %s: train event F1 %.3f at threshold %.3g", spec.name, train_scores.f1, point.threshold)
     return TrainResult(spec, bundle, train_scores, losses, int(data.targets.sum()), int((data.targets == 0).sum()))
 
 
@@ -305,8 +370,10 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
             f"architecture {config.architecture} cannot read tap {config.tap_name!r}: only the discrete baseline "
             f"reads {PIXELS!r}, and it reads nothing else"
         )
-    make_spec(config, 0.5)  # fails fast on a bad name or window, before any work
+    make_spec(config, config.smoothing)  # fails fast on a bad name or window, before any work
     check_curricula(config)
+    if not 0.0 <= config.label_smoothing < 0.5:
+        raise FilterForwardError(f"label smoothing must be at least 0 and below 0.5, got {config.label_smoothing}")
     if config.steps < 1 or config.batch_size < 2 or config.threads < 1:
         raise FilterForwardError(
             f"need steps >= 1, batch size >= 2 and threads >= 1, got {config.steps}, {config.batch_size} and "
@@ -362,7 +429,11 @@ def load_training_data(
             f"event {config.event!r} has {n_positive} positive and {n_negative} negative frames in frames "
             f"{start}:{stop} of {dataset.name}: pick a training range with both"
         )
-    return TrainingData(features, first, (start, stop), labels, start + certain, targets, config.context)
+    tap_shape = _tap_shape(config, model_path)
+    mask = config.roi.cell_mask(*tap_shape[1:])
+    return TrainingData(
+        features, first, (start, stop), labels, start + certain, targets, config.context, dataset.fps, mask
+    )
 
 
 def make_optimizer(
@@ -410,15 +481,18 @@ def train_steps(
     device: str = "cpu",
     progress: bool = True,
     curricula: tuple[Curriculum, ...] = (),
+    label_smoothing: float = 0.0,
 ) -> list[float]:
-    """`steps` optimizer steps of binary cross-entropy on `net(features, valid)` logits; the loss of each step."""
+    """`steps` optimizer steps of binary cross-entropy on `net(features, valid)` logits against targets moved
+    `label_smoothing` towards 0.5; the loss of each step."""
     net.to(device).train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
     losses: list[float] = []
     with tqdm(total=steps, desc="training MC", unit="step", disable=not progress) as bar:
         for step, (frames, targets) in zip(range(1, steps + 1), batches, strict=False):
             features, valid, difficulties = curriculum_inputs(*data.inputs(frames, device), curricula, step)
-            loss = loss_fn(net(features, valid), torch.from_numpy(targets).to(device))
+            smoothed = targets * (1.0 - 2.0 * label_smoothing) + label_smoothing
+            loss = loss_fn(net(features, valid), torch.from_numpy(smoothed).to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -469,18 +543,7 @@ def predict(
     return np.concatenate(scores)
 
 
-def choose_threshold(scores: np.ndarray, labels: np.ndarray, smoothing: Smoothing) -> tuple[float, EventScores]:
-    """The threshold with the best smoothed event F1 on these (training) frames; ties go nearest to 0.5."""
-    best: tuple[float, float, EventScores] | None = None
-    for threshold in sorted(THRESHOLDS.tolist(), key=lambda t: abs(t - 0.5)):
-        predicted = smooth_scores(scores, threshold, smoothing.k, smoothing.n)
-        result = event_f1(labels, predicted)
-        if best is None or result.f1 > best[1]:
-            best = (threshold, result.f1, result)
-    return best[0], best[2]
-
-
-def make_spec(config: TrainConfig, threshold: float) -> FilterSpec:
+def make_spec(config: TrainConfig, smoothing: Smoothing, validation: Validation | None = None) -> FilterSpec:
     try:
         return FilterSpec(
             name=config.name or default_name(config.event, config.architecture),
@@ -489,8 +552,9 @@ def make_spec(config: TrainConfig, threshold: float) -> FilterSpec:
             tap=config.tap_name,
             roi=config.roi,
             input_size=config.input_size,
-            smoothing=Smoothing(threshold=threshold, k=config.smoothing.k, n=config.smoothing.n),
+            smoothing=smoothing,
             window=config.window,
+            validation=validation,
         )
     except ValidationError as exc:
         raise FilterForwardError(f"the filter spec would not be valid: {validation_summary(exc)}") from None
@@ -521,8 +585,13 @@ def finish_bundle(
 
 def _tap_shape(config: TrainConfig, model_path: Path | None) -> tuple[int, int, int]:
     """Full (uncropped) shape of the MC's tap at the training input size."""
-    if config.tap_name == PIXELS:
-        return PIXEL_TAP.shape(config.input_size)
+    return tap_shape(config.tap_name, tuple(config.input_size), model_path)
+
+
+@cache
+def tap_shape(tap: str, input_size: tuple[int, int], model_path: Path | None) -> tuple[int, int, int]:
+    if tap == PIXELS:
+        return PIXEL_TAP.shape(input_size)
     from edge.basednn import BaseDNN
 
-    return BaseDNN(config.input_size, model_path).taps[config.tap_name].shape(config.input_size)
+    return BaseDNN(input_size, model_path).taps[tap].shape(input_size)

@@ -120,7 +120,7 @@ def test_mot_region_counts_on_campus(campus: Path) -> None:
     # Hand-checked on drawn boxes: person 1 leaves the right quarter after decoded frame 23 (MOT frame 24);
     # someone is there again from decoded frame 44; MOT frames 1-3 have nobody there.
     assert ds.intervals("right_quarter") == [(3, 23), (44, 70)]
-    assert ds.roi("right_quarter") == ROI(x0=0.75, y0=0.0, x1=1.0, y1=1.0)
+    assert ds.roi("right_quarter") == ROI(x0=0.75, y0=0.0, x1=1.0, y1=1.0, polygon=right_quarter.root)
 
 
 def test_export_mot_round_trips(campus: Path, tmp_path: Path) -> None:

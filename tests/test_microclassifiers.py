@@ -127,3 +127,54 @@ def test_fc_input_stays_bounded_at_1080p() -> None:
     for architecture in ("localized", "windowed"):
         model = build_mc(architecture, channels, (height, width))
         assert sum(p.numel() for p in model.parameters()) < 600_000, architecture
+
+
+# --- region masks ----------------------------------------------------------------------------------
+
+
+def _triangle_mask(height: int, width: int) -> np.ndarray:
+    """The cells of a crop inside a triangle (what ROI.cell_mask gives for a polygon)."""
+    from models.roi import ROI
+
+    return ROI(polygon=((0.0, 0.0), (1.0, 1.0), (0.0, 1.0))).cell_mask(height, width)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_masked_mcs_ignore_cells_outside_the_region_also_in_onnx(architecture: str) -> None:
+    crop = CROPS[architecture]
+    mask = _triangle_mask(*crop[1:])
+    assert 0 < mask.sum() < mask.size
+    model = build_mc(architecture, crop[0], crop[1:], mask=mask).eval()
+    inputs = example_inputs(model, crop, batch=3)
+    changed = inputs[0].clone()
+    changed[:, :, ~torch.from_numpy(mask)] = 50 * torch.randn(3, crop[0], int((~mask).sum()))
+    with torch.no_grad():
+        before = model(*inputs)
+        after = model(changed, *inputs[1:])
+    before, after = (out[0] if isinstance(out, tuple) else out for out in (before, after))
+    assert torch.allclose(before, after)
+    assert verify_export(model, export_mc(model, crop), crop, batch=4) <= 1e-5
+
+
+def test_full_frame_training_path_equals_the_max_with_its_gradient() -> None:
+    """Training ranks the cells without autograd and back-propagates only through each sample's best cell:
+    the same logits and the same gradients as the plain max over the (masked) cells."""
+    crop = CROPS["full_frame"]
+    features = torch.randn(6, *crop)
+    model = build_mc("full_frame", crop[0], crop[1:], mask=_triangle_mask(*crop[1:]))
+    fast = model.train().logits(features)
+    fast.sum().backward()
+    fast_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    plain = model.cell_logits(features).amax(dim=1)
+    plain.sum().backward()
+    assert torch.allclose(fast, plain, atol=1e-6)
+    for a, b in zip(fast_grads, (p.grad for p in model.parameters()), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_a_mask_must_fit_the_crop() -> None:
+    with pytest.raises(FilterForwardError, match="region mask must be 4x5"):
+        build_mc("full_frame", 8, (4, 5), mask=np.ones((5, 4), bool))
+    with pytest.raises(FilterForwardError, match="with a cell inside"):
+        build_mc("full_frame", 8, (4, 5), mask=np.zeros((4, 5), bool))

@@ -22,14 +22,12 @@ from models.datasets.synth import write_synthetic
 from models.errors import FilterForwardError
 from models.evaluation import event_f1
 from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
-from models.filterspec import Smoothing
 from models.roi import ROI
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
 from models.training import (
     BalancedSampler,
     Logits,
     TrainConfig,
-    choose_threshold,
     load_training_data,
     make_optimizer,
     new_model,
@@ -161,14 +159,6 @@ def test_balanced_batches_are_half_positive() -> None:
     np.testing.assert_array_equal(again, first)
 
 
-def test_threshold_maximises_training_event_f1() -> None:
-    labels = np.array([0] * 20 + [1] * 20 + [0] * 20)
-    scores = np.where(labels == 1, 0.9, 0.7)  # only thresholds above 0.7 separate them
-    threshold, result = choose_threshold(scores, labels, Smoothing(k=1, n=1))
-    assert threshold == 0.75  # the best ones are 0.75..0.9; the tie goes to the one nearest 0.5
-    assert result.f1 == 1.0
-
-
 def edge_scores(bundle: Path, features: np.ndarray, tap: str) -> np.ndarray:
     """Scores of a bundle run frame by frame by the edge's MC bank on full-frame taps."""
     spec, onnx_bytes = load_bundle(bundle)
@@ -213,9 +203,9 @@ def test_cli_trains_and_summarises(
     argv += ["--frames", "0:40", "--steps", "20", "--base-model", str(base_model), "--out", str(tmp_path / "b")]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "filter blue_present-localized: localized on tap mid, ROI 0,0,0.5,1 at 128x96" in out
+    assert "filter blue_present-localized: localized on tap mid, region box 0,0,0.5,1, at 128x96" in out
     assert "trained on frames 0:40" in out
-    assert "train event F1" in out
+    assert "on its own training frames: event F1" in out
     spec, _ = load_bundle(tmp_path / "b")
     assert spec.roi == ROI(x0=0, y0=0, x1=0.5, y1=1)
     assert 0 < spec.smoothing.threshold < 1
@@ -224,7 +214,7 @@ def test_cli_trains_and_summarises(
 def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     base = ["train", str(tiny.root), "--out", str(tmp_path)]
     assert main([*base, "--event", "any_object", "--roi", "0.5,0,0.2,1"]) == 2
-    assert "ROI '0.5,0,0.2,1' is not valid" in capsys.readouterr().err
+    assert "region '0.5,0,0.2,1' is not valid (ROI needs x0 < x1" in capsys.readouterr().err
     assert main(base) == 2
     assert "several events" in capsys.readouterr().err
 

@@ -133,12 +133,11 @@ def describe(dataset: LabelledDataset) -> str:
         f"frames    {dataset.n_frames} ({dataset.n_frames / dataset.fps:.1f} s at {dataset.fps:g} fps)",
         f"size      {width}x{height}",
         "",
-        f"{'event':<24}{'positive':>10}{'negative':>10}{'uncertain':>11}{'occurrences':>13}  region (bounding box)",
+        f"{'event':<24}{'positive':>10}{'negative':>10}{'uncertain':>11}{'occurrences':>13}  region",
     ]
     for event, values in dataset.labels.items():
         positive, negative, uncertain = (int((values == v).sum()) for v in (1, 0, -1))
-        roi = dataset.roi(event)
-        region = f"{roi.x0:g},{roi.y0:g} - {roi.x1:g},{roi.y1:g}" if event in dataset.regions else "full frame"
+        region = dataset.roi(event).describe()
         occurrences = len(dataset.intervals(event))
         lines.append(f"{event:<24}{positive:>10}{negative:>10}{uncertain:>11}{occurrences:>13}  {region}")
     return "\n".join(lines)

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from models.evaluation import BOUNDARY_TOLERANCE
+
 if TYPE_CHECKING:
     from edge.replay import ReplayReport
 
@@ -30,7 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--frames", default=":", help="frame range START:STOP to evaluate (default: all)")
     parser.add_argument("--event", help="label column to score against (default: the event in each filter's spec)")
-    parser.add_argument("--tolerance", type=int, default=2, help="frames ignored around label boundaries (default 2)")
+    parser.add_argument(
+        "--tolerance",
+        type=int,
+        default=BOUNDARY_TOLERANCE,
+        help=f"frames ignored around label boundaries (default {BOUNDARY_TOLERANCE})",
+    )
     parser.add_argument("--crf", type=int, default=23, help="H.264 quality for clips and the whole stream")
     parser.add_argument("--base-model", type=Path, help="ONNX base model (default: EfficientNet-Lite0)")
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")

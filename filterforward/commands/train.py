@@ -6,14 +6,15 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
-from pydantic import ValidationError
-
 from models.errors import FilterForwardError
 from models.filterspec import Architecture
-from models.roi import ROI
+from models.roi import parse_region
+
+AUTO = "auto"  # --arch: let cross-validation choose the kind
 
 if TYPE_CHECKING:
     from models.datasets import LabelledDataset
+    from models.training import TrainResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train a microclassifier for one event of a labelled dataset",
         description="Train one MC (or one per --event) from cached base-DNN features (computed once per dataset, "
         "tap and ROI) and write a filter bundle (spec.json + model.onnx) that the edge and the cloud accept. "
-        "The threshold is chosen on the training frames; keep the other frames for `filterforward eval`.",
+        "Cross-validation over time on the training frames (whole occurrences of the event held out) chooses the "
+        "MC kind (--arch auto), the threshold and k-of-n, and estimates the event F1 to expect on new footage; "
+        "that estimate and its warnings go into spec.json. Keep later frames for `filterforward eval`.",
     )
     parser.add_argument("dataset", type=Path, help="dataset folder (labels.csv + video or images)")
     parser.add_argument(
@@ -32,13 +35,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "each written to OUT/<event>-<arch>, reusing the cached base-DNN features of the same tap and ROI",
     )
     parser.add_argument(
-        "--arch", choices=get_args(Architecture), default="localized", help="MC architecture (default localized)"
+        "--arch",
+        choices=(AUTO, *get_args(Architecture)),
+        default=AUTO,
+        help="MC architecture; auto (the default) cross-validates the full-frame MC on the mid and the late tap and "
+        "keeps the better one",
     )
     parser.add_argument(
-        "--tap", help="base-DNN tap (default: late for full_frame, mid for localized/windowed, pixels for discrete)"
+        "--tap",
+        help="base-DNN tap of an explicit --arch (default: late for full_frame, mid for localized/windowed, pixels "
+        "for discrete)",
     )
     parser.add_argument(
-        "--roi", help="x0,y0,x1,y1 in 0..1 (default: the event's region in dataset.yaml, else the full frame)"
+        "--roi",
+        help="the event's region in 0..1 coordinates: a box x0,y0,x1,y1 or a polygon 'x,y x,y x,y ...' (the MC reads "
+        "the box around it and only the cells inside it); default: the event's region in dataset.yaml, else the full "
+        "frame",
     )
     parser.add_argument("--input-size", help="base-DNN input WxH, multiples of 32 (default: the frame size rounded)")
     parser.add_argument("--frames", default=None, help="training frames START:STOP (default: the first half)")
@@ -99,16 +111,19 @@ def _train(args: argparse.Namespace) -> int:
 def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, out: Path) -> None:
     """Train and summarise one MC (MCs after the first on the same tap and ROI reuse the cached features)."""
     from filterforward.commands.options import parse_range, parse_size
+    from models.model_selection import CANDIDATES, choose_kind, train_default
     from models.taps import round_input_size
     from models.training import TrainConfig, parse_curriculum, train_mc
 
+    if args.arch == AUTO and args.tap:
+        raise FilterForwardError("--tap goes with an explicit --arch: auto chooses the tap itself")
     frames = parse_range(args.frames, dataset.n_frames) if args.frames else (0, max(1, dataset.n_frames // 2))
     config = TrainConfig(
         event=event,
-        architecture=args.arch,
+        architecture=CANDIDATES[0][0] if args.arch == AUTO else args.arch,
         input_size=parse_size(args.input_size) if args.input_size else round_input_size(dataset.frame_size),
         tap=args.tap,
-        roi=_parse_roi(args.roi) if args.roi else dataset.roi(event),
+        roi=parse_region(args.roi) if args.roi else dataset.roi(event),
         frames=frames,
         steps=args.steps,
         batch_size=args.batch_size,
@@ -120,29 +135,55 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
         name=args.name,
         threads=args.threads,
     )
-    if args.nproc == 1:
+    candidates = []
+    if args.arch == AUTO and args.nproc == 1:
+        result, candidates = train_default(dataset, config, out, args.base_model)
+    elif args.nproc == 1:
         result = train_mc(dataset, config, out, args.base_model)
     else:
         from models.distributed_training import launch
 
+        if args.arch == AUTO:  # the kind is chosen on one process, then trained (and validated) on N
+            choice = choose_kind(dataset, config, args.base_model)
+            config, candidates = choice.config, choice.candidates
         result = launch(dataset, config, out, args.nproc, args.base_model)
+    for candidate in candidates:
+        estimate = candidate.validation
+        f1 = f"{estimate.event_f1:.3f} ({estimate.f1_min:.3f}-{estimate.f1_max:.3f})" if estimate else "not measurable"
+        print(f"candidate {candidate.architecture} on tap {candidate.tap}: held-out event F1 {f1}")
+    print(summary(result, frames, config.optimizer, args.nproc))
+
+
+def summary(result: TrainResult, frames: tuple[int, int], optimizer: str, nproc: int) -> str:
+    """What was trained, how it is expected to do on new footage, and what to label next."""
     spec, scores = result.spec, result.train_scores
-    roi = spec.roi
-    print(
-        f"filter {spec.name}: {spec.architecture} on tap {spec.tap}, ROI {roi.x0:g},{roi.y0:g},{roi.x1:g},{roi.y1:g} "
-        f"at {spec.input_size[0]}x{spec.input_size[1]}"
-    )
-    print(
+    lines = [
+        f"filter {spec.name}: {spec.architecture} on tap {spec.tap}, region {spec.roi.describe()}, "
+        f"at {spec.input_size[0]}x{spec.input_size[1]}",
         f"trained on frames {frames[0]}:{frames[1]} ({result.n_positive} positive, {result.n_negative} negative), "
-        f"{len(result.losses)} steps with {config.optimizer} on {args.nproc} process(es), final loss "
-        f"{result.losses[-1]:.4f}"
+        f"{len(result.losses)} steps with {optimizer} on {nproc} process(es), final loss {result.losses[-1]:.4f}",
+    ]
+    smoothing = spec.smoothing
+    operating_point = f"threshold {smoothing.threshold:.3g} (k={smoothing.k} of n={smoothing.n})"
+    validation = spec.validation
+    if validation is None:
+        lines.append("no cross-validation: the training frames are too few to hold any occurrence out")
+        lines.append(f"{operating_point}, chosen on the training frames")
+    else:
+        held = {"occurrences": "whole occurrences", "blocks": "thirds of its one occurrence"}[validation.method]
+        lines.append(
+            f"expected on new footage (cross-validation, {validation.folds} folds, {held} held out): event F1 "
+            f"{validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f}), precision "
+            f"{validation.precision:.3f}, event recall {validation.event_recall:.3f}"
+        )
+        lines.append(f"{operating_point}, chosen on the held-out frames")
+    lines.append(
+        f"on its own training frames: event F1 {scores.f1:.3f} (precision {scores.precision:.3f}, event recall "
+        f"{scores.event_recall:.3f}, {scores.n_detected}/{scores.n_events} events)"
     )
-    print(
-        f"threshold {spec.smoothing.threshold:g} (k={spec.smoothing.k} of n={spec.smoothing.n}): train event F1 "
-        f"{scores.f1:.3f} (precision {scores.precision:.3f}, event recall {scores.event_recall:.3f}, "
-        f"{scores.n_detected}/{scores.n_events} events)"
-    )
-    print(f"bundle: {result.bundle}")
+    lines += [f"warning: {text}" for text in (validation.warnings if validation else ())]
+    lines.append(f"bundle: {result.bundle}")
+    return "\n".join(lines)
 
 
 def _events(chosen: list[str] | None, events: list[str]) -> list[str]:
@@ -151,14 +192,3 @@ def _events(chosen: list[str] | None, events: list[str]) -> list[str]:
     if len(events) == 1:
         return events
     raise FilterForwardError(f"the dataset has several events ({', '.join(events)}): choose one with --event")
-
-
-def _parse_roi(text: str) -> ROI:
-    try:
-        x0, y0, x1, y1 = (float(part) for part in text.split(","))
-        return ROI(x0=x0, y0=y0, x1=x1, y1=y1)
-    except ValueError as exc:
-        reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "not four numbers"
-        raise FilterForwardError(
-            f"ROI {text!r} is not valid ({reason}): give x0,y0,x1,y1 in 0..1, e.g. 0.5,0,1,1"
-        ) from None

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from models.datasets.frames import IMAGE_SUFFIXES, VIDEO_SUFFIXES, image_files, is_video, probe, read_frames
 from models.errors import FilterForwardError
 from models.evaluation import runs
-from models.roi import FULL_FRAME, ROI
+from models.roi import FULL_FRAME, ROI, Polygon
 
 log = logging.getLogger(__name__)
 
@@ -32,57 +32,6 @@ FRAME_INDEX = "frame_index"
 UNCERTAIN = -1
 EVENT_VALUES = frozenset({"0", "1", "-1"})
 _EVENT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
-
-
-class Polygon(RootModel[tuple[tuple[float, float], ...]]):
-    """A polygon in normalised image coordinates (0..1, origin top-left), as a list of (x, y) points."""
-
-    model_config = ConfigDict(frozen=True)
-
-    @model_validator(mode="after")
-    def _valid(self) -> Polygon:
-        points = np.asarray(self.root, dtype=float)
-        if len(points) < 3:
-            raise ValueError(f"a polygon needs at least 3 points, got {len(points)}")
-        if points.min() < 0.0 or points.max() > 1.0:
-            raise ValueError("polygon points must be in normalised coordinates 0..1")
-        if abs(_area(points)) < 1e-9:
-            raise ValueError("the polygon has no area")
-        return self
-
-    @classmethod
-    def parse(cls, text: str) -> Polygon:
-        """Parse 'x,y x,y x,y ...' (points split by spaces or ';'), e.g. '0,0.5 1,0.5 1,1 0,1'."""
-        hint = "write at least 3 points 'x,y x,y x,y' in normalised 0..1 coordinates, e.g. '0,0.5 1,0.5 1,1 0,1'"
-        try:
-            points = [tuple(float(v) for v in pair.split(",")) for pair in re.split(r"[\s;]+", text.strip().strip(";"))]
-            return cls.model_validate(points)
-        except (ValueError, ValidationError) as exc:
-            reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "not numbers 'x,y'"
-            reason = reason.removeprefix("Value error, ")
-            raise FilterForwardError(f"polygon {text!r} does not parse ({reason}): {hint}") from None
-
-    def contains(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """Which points (normalised x, y arrays) lie inside (even-odd rule; the bottom/right edges are outside)."""
-        points = np.asarray(self.root, dtype=float)
-        xi, yi = points[:, 0], points[:, 1]
-        xj, yj = np.roll(xi, 1), np.roll(yi, 1)
-        px = np.asarray(x, dtype=float)[..., None]
-        py = np.asarray(y, dtype=float)[..., None]
-        crosses = (yi > py) != (yj > py)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            x_cross = (xj - xi) * (py - yi) / (yj - yi) + xi
-        return np.count_nonzero(crosses & (px < x_cross), axis=-1) % 2 == 1
-
-    def bbox(self) -> ROI:
-        points = np.asarray(self.root, dtype=float)
-        (x0, y0), (x1, y1) = points.min(axis=0), points.max(axis=0)
-        return ROI(x0=x0, y0=y0, x1=x1, y1=y1)
-
-
-def _area(points: np.ndarray) -> float:
-    x, y = points[:, 0], points[:, 1]
-    return 0.5 * float(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1)))
 
 
 Region = ROI | Polygon
@@ -131,10 +80,10 @@ class LabelledDataset:
         return read_frames(self.source, start, stop)
 
     def roi(self, event: str) -> ROI:
-        """The box an MC for this event should look at: its region's bounding box, else the full frame."""
+        """The region an MC for this event should look at (a box, or a polygon and its box), else the full frame."""
         region = self.regions.get(event)
         if isinstance(region, Polygon):
-            return region.bbox()
+            return region.roi()
         return region or FULL_FRAME
 
     def intervals(self, event: str) -> list[tuple[int, int]]:

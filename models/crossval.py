@@ -1,0 +1,248 @@
+"""Cross-validation over time on the training frames: how a filter will do on footage it was not trained on.
+
+A filter is judged on later footage, and on later occurrences of its event, so the folds hold out time, never
+random frames (neighbouring frames are near copies and would make any model look perfect):
+
+* two or more separate occurrences in the training frames: each fold holds out whole occurrences with the
+  frames around them (cut half-way through the gaps between occurrences) and trains on the others;
+* one occurrence: its frames and the negative frames are each cut into contiguous thirds and each fold
+  holds out one third of both. The estimate then measures the rest of an occurrence the filter has seen
+  part of, not a new one, and says so.
+
+A guard band of frames around the held-out frames is left out of the fold's training frames as well. Every
+training frame is scored once by a model that never saw it (out of fold), and those scores choose the
+filter's operating point (threshold and k-of-n), which is why the threshold carries over to new footage
+better than one chosen on the frames a model was fitted to.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge.smoother import smooth_scores
+from models.datasets.labelled import UNCERTAIN
+from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1, runs
+from models.filterspec import Smoothing, Validation
+
+MAX_FOLDS = 4
+BLOCKS = 3  # folds when the training frames hold one occurrence
+# Candidate operating points. Thresholds are spread evenly in logit space: scores on new footage often sit far
+# from 0.5, and a grid in probability space would have nothing between 0.95 and 1.
+THRESHOLDS = 1.0 / (1.0 + np.exp(-np.linspace(-9.0, 9.0, 73)))
+SMOOTHINGS = ((1, 1), (2, 3), (3, 5), (4, 7))
+# Operating points within this much of the best event F1 are as good as the best; the middle one of them (by
+# threshold) is taken, as far as possible from both ends of the range that worked on held-out frames.
+F1_TIE = 0.01
+MIN_POSITIVES = 20  # fewer frames with the event than this: too few to trust, whatever the estimate says
+LOW_F1 = 0.8  # below this estimate, the warnings list the held-out frames the filter got wrong
+
+
+@dataclass(frozen=True)
+class Fold:
+    held_out: np.ndarray  # frames scored by a model trained without them, in order
+    train: np.ndarray  # frames that model trains on: the rest, minus a guard band around the held-out frames
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    folds: tuple[Fold, ...]
+    occurrences: int  # separate occurrences of the event in the training frames
+    method: str  # "occurrences" (whole occurrences held out) or "blocks" (one occurrence cut in thirds)
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    threshold: float
+    k: int
+    n: int
+
+    @property
+    def smoothing(self) -> Smoothing:
+        return Smoothing(threshold=self.threshold, k=self.k, n=self.n)
+
+    def apply(self, scores: np.ndarray) -> np.ndarray:
+        return smooth_scores(scores, self.threshold, self.k, self.n)
+
+
+def occurrences(labels: np.ndarray, span: tuple[int, int], merge_gap: int) -> list[tuple[int, int]]:
+    """Separate occurrences (first, last frame) of the event in frames span[0]..span[1]-1; runs of positives
+    closer than `merge_gap` frames are one occurrence (somebody stepping on the region's edge)."""
+    start, stop = span
+    values = labels[start:stop]
+    certain = np.flatnonzero(values != UNCERTAIN)
+    merged: list[tuple[int, int]] = []
+    for first, last in runs(values[certain] == 1):
+        first, last = start + int(certain[first]), start + int(certain[last])
+        if merged and first - merged[-1][1] <= merge_gap:
+            merged[-1] = (merged[-1][0], last)
+        else:
+            merged.append((first, last))
+    return merged
+
+
+def plan_folds(labels: np.ndarray, span: tuple[int, int], merge_gap: int, guard: int) -> FoldPlan:
+    """Folds over the training frames (see the module docstring); folds whose training part lacks positives or
+    negatives are dropped, so a plan may hold fewer than two folds when the data is too thin to validate."""
+    found = occurrences(labels, span, merge_gap)
+    if len(found) >= 2:
+        blocks, method = _occurrence_blocks(found, span), "occurrences"
+    else:
+        blocks, method = _class_blocks(labels, span), "blocks"
+    folds = []
+    for held_out in blocks:
+        train = _outside_guard(held_out, span, guard)
+        values = labels[train]
+        if held_out.size and (values == 1).any() and (values == 0).any():
+            folds.append(Fold(held_out, train[values != UNCERTAIN]))
+    return FoldPlan(tuple(folds), len(found), method)
+
+
+def _occurrence_blocks(found: list[tuple[int, int]], span: tuple[int, int]) -> list[np.ndarray]:
+    """Contiguous blocks of whole occurrences, cut half-way through the gaps between them."""
+    groups = np.array_split(np.arange(len(found)), min(len(found), MAX_FOLDS))
+    cuts = [span[0]]
+    for group in groups[:-1]:
+        last, following = found[group[-1]][1], found[group[-1] + 1][0]
+        cuts.append((last + following + 1) // 2)
+    cuts.append(span[1])
+    return [np.arange(a, b) for a, b in itertools.pairwise(cuts)]
+
+
+def _class_blocks(labels: np.ndarray, span: tuple[int, int]) -> list[np.ndarray]:
+    """Positives and negatives each cut into contiguous thirds; block i holds third i of both."""
+    frames = np.arange(*span)
+    values = labels[frames]
+    positives = np.array_split(frames[values == 1], BLOCKS)
+    negatives = np.array_split(frames[values == 0], BLOCKS)
+    return [np.sort(np.concatenate([p, n])) for p, n in zip(positives, negatives, strict=True)]
+
+
+def _outside_guard(held_out: np.ndarray, span: tuple[int, int], guard: int) -> np.ndarray:
+    start, stop = span
+    near = np.zeros(stop - start, dtype=bool)
+    inside = np.zeros(stop - start, dtype=bool)
+    inside[held_out - start] = True
+    for first, last in runs(inside):
+        near[max(0, first - guard) : last + guard + 1] = True
+    return start + np.flatnonzero(~near)
+
+
+def choose_operating_point(
+    scores: np.ndarray, labels: np.ndarray, tolerance: int = BOUNDARY_TOLERANCE
+) -> tuple[OperatingPoint, float]:
+    """The operating point for out-of-fold `scores` (NaN = not scored) and its event F1 there.
+
+    Among the candidates within F1_TIE of the best event F1, the one with the middle threshold is taken.
+    """
+    scored = ~np.isnan(scores)
+    scores, labels = scores[scored], labels[scored]
+    results = [
+        (event_f1(labels, smooth_scores(scores, float(t), k, n), tolerance).f1, float(t), k, n)
+        for k, n in SMOOTHINGS
+        for t in THRESHOLDS
+    ]
+    best = max(f1 for f1, *_ in results)
+    near_best = sorted((r for r in results if r[0] >= best - F1_TIE), key=lambda r: (r[1], r[2]))
+    f1, threshold, k, n = near_best[len(near_best) // 2]
+    return OperatingPoint(threshold, k, n), f1
+
+
+def fold_scores(
+    plan: FoldPlan, scores: np.ndarray, labels: np.ndarray, point: OperatingPoint, tolerance: int
+) -> list[EventScores]:
+    """Event scores of each fold's held-out frames at one operating point (smoothing restarts per block)."""
+    return [event_f1(labels[f.held_out], _piecewise(point, scores, f.held_out), tolerance) for f in plan.folds]
+
+
+def _piecewise(point: OperatingPoint, scores: np.ndarray, frames: np.ndarray) -> np.ndarray:
+    """Smoothed decisions over `frames`, restarting the smoother wherever the frames skip."""
+    breaks = np.flatnonzero(np.diff(frames) != 1) + 1
+    return np.concatenate([point.apply(scores[piece]) for piece in np.split(frames, breaks)])
+
+
+@dataclass(frozen=True)
+class CrossValidation:
+    plan: FoldPlan
+    scores: np.ndarray  # out-of-fold score per frame index (NaN: not scored)
+    point: OperatingPoint
+    validation: Validation
+
+
+def summarize(
+    plan: FoldPlan, scores: np.ndarray, labels: np.ndarray, n_positive: int, tolerance: int = BOUNDARY_TOLERANCE
+) -> CrossValidation:
+    """The operating point chosen on the out-of-fold scores, and what it scored on each fold.
+
+    `scores` and `labels` are indexed by frame (NaN and -1 outside the folds' held-out frames)."""
+    point, _ = choose_operating_point(scores, labels, tolerance)
+    held_out = np.sort(np.concatenate([fold.held_out for fold in plan.folds]))
+    pooled = event_f1(labels[held_out], _piecewise(point, scores, held_out), tolerance)
+    per_fold = [s.f1 for s in fold_scores(plan, scores, labels, point, tolerance)]
+    validation = Validation(
+        event_f1=round(pooled.f1, 4),
+        f1_min=round(min(per_fold), 4),
+        f1_max=round(max(per_fold), 4),
+        precision=round(pooled.precision, 4),
+        event_recall=round(pooled.event_recall, 4),
+        folds=len(plan.folds),
+        occurrences=plan.occurrences,
+        method=plan.method,
+        warnings=tuple(_warnings(plan, scores, labels, point, pooled.f1, n_positive, held_out)),
+    )
+    return CrossValidation(plan, scores, point, validation)
+
+
+def _warnings(
+    plan: FoldPlan,
+    scores: np.ndarray,
+    labels: np.ndarray,
+    point: OperatingPoint,
+    f1: float,
+    n_positive: int,
+    held_out: np.ndarray,
+) -> list[str]:
+    """Plain reasons not to trust the filter yet, each with what to label next."""
+    warnings = []
+    if plan.method == "blocks":
+        warnings.append(
+            "the training frames hold one occurrence of the event, so the estimate is for the rest of that "
+            "occurrence, not for a new one: label frames with another occurrence (another time, another object) "
+            "and train again"
+        )
+    if n_positive < MIN_POSITIVES:
+        warnings.append(f"only {n_positive} frames show the event: label at least {MIN_POSITIVES}")
+    if f1 < LOW_F1:
+        predicted = _piecewise(point, scores, held_out)
+        truth = labels[held_out] == 1
+        false_alarms = _ranges(held_out, predicted & (labels[held_out] == 0))
+        missed = [
+            (a, b) for a, b in _ranges(held_out, truth) if not predicted[np.isin(held_out, np.arange(a, b + 1))].any()
+        ]
+        if false_alarms:
+            warnings.append(
+                f"held-out frames {_listed(false_alarms)} fired without the event: label more frames like them "
+                "(the same scene without the event) so the filter learns what is not it"
+            )
+        if missed:
+            warnings.append(
+                f"the occurrence(s) at frames {_listed(missed)} were missed when held out: label more occurrences "
+                "that look like them"
+            )
+    return warnings
+
+
+def _ranges(frames: np.ndarray, mask: np.ndarray) -> list[tuple[int, int]]:
+    """Runs of consecutive frame indices where mask is True, as (first, last)."""
+    chosen = frames[mask]
+    if not chosen.size:
+        return []
+    breaks = np.flatnonzero(np.diff(chosen) != 1) + 1
+    return [(int(piece[0]), int(piece[-1])) for piece in np.split(chosen, breaks)]
+
+
+def _listed(ranges: list[tuple[int, int]], most: int = 3) -> str:
+    shown = ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in ranges[:most])
+    return shown + (f" and {len(ranges) - most} more" if len(ranges) > most else "")

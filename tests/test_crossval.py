@@ -1,0 +1,101 @@
+"""Cross-validation over time: folds that hold out whole occurrences, the operating point they choose, and the
+estimate and warnings a filter carries."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from models.crossval import (
+    THRESHOLDS,
+    choose_operating_point,
+    occurrences,
+    plan_folds,
+    summarize,
+)
+
+
+def labels_with(length: int, *intervals: tuple[int, int]) -> np.ndarray:
+    labels = np.zeros(length, np.int8)
+    for first, last in intervals:
+        labels[first : last + 1] = 1
+    return labels
+
+
+def test_occurrences_merge_runs_split_by_a_short_gap() -> None:
+    labels = labels_with(100, (10, 20), (23, 30), (60, 70))
+    labels[40] = -1
+    assert occurrences(labels, (0, 100), merge_gap=3) == [(10, 30), (60, 70)]
+    assert occurrences(labels, (0, 100), merge_gap=1) == [(10, 20), (23, 30), (60, 70)]
+    assert occurrences(labels, (15, 65), merge_gap=3) == [(15, 30), (60, 64)]
+
+
+def test_folds_hold_out_whole_occurrences_with_a_guard_band() -> None:
+    labels = labels_with(300, (20, 40), (100, 130), (200, 220))
+    plan = plan_folds(labels, (0, 300), merge_gap=5, guard=10)
+    assert plan.method == "occurrences" and plan.occurrences == 3 and len(plan.folds) == 3
+    held = [(int(f.held_out[0]), int(f.held_out[-1])) for f in plan.folds]
+    assert held == [(0, 69), (70, 164), (165, 299)]  # cut half-way through the gaps
+    for fold in plan.folds:
+        assert not np.isin(fold.train, fold.held_out).any()
+        distance = np.abs(fold.train[:, None] - fold.held_out[None]).min()
+        assert distance > 10
+        assert (labels[fold.train] == 1).any() and (labels[fold.train] == 0).any()
+
+
+def test_many_occurrences_share_at_most_four_folds() -> None:
+    labels = labels_with(1000, *[(i, i + 20) for i in range(50, 950, 100)])
+    plan = plan_folds(labels, (0, 1000), merge_gap=5, guard=5)
+    assert len(plan.folds) == 4 and plan.occurrences == 9
+    assert sum(f.held_out.size for f in plan.folds) == 1000
+
+
+def test_one_occurrence_is_cut_in_thirds() -> None:
+    labels = labels_with(120, (60, 89))
+    labels[10] = -1
+    plan = plan_folds(labels, (0, 120), merge_gap=5, guard=2)
+    assert plan.method == "blocks" and plan.occurrences == 1 and len(plan.folds) == 3
+    positives = [f.held_out[labels[f.held_out] == 1] for f in plan.folds]
+    assert [(p[0], p[-1]) for p in positives] == [(60, 69), (70, 79), (80, 89)]
+    assert all(-1 not in labels[f.train] for f in plan.folds)
+
+
+def test_too_little_data_gives_no_folds_to_validate_with() -> None:
+    labels = labels_with(20, (0, 19))  # no negative at all
+    assert len(plan_folds(labels, (0, 20), merge_gap=2, guard=2).folds) == 0
+
+
+def test_the_operating_point_is_the_middle_of_what_worked_on_held_out_frames() -> None:
+    labels = labels_with(200, (50, 80), (140, 170))
+    scores = np.where(labels == 1, 0.9, 0.02)
+    point, f1 = choose_operating_point(scores, labels)
+    assert f1 == 1.0
+    working = THRESHOLDS[(THRESHOLDS > 0.02) & (THRESHOLDS <= 0.9)]
+    assert working.min() < point.threshold < working.max()
+    assert abs(np.log(point.threshold / (1 - point.threshold))) < 1.0  # near the middle in logit space
+    nan_scores = scores.copy()
+    nan_scores[:50] = np.nan  # frames no fold scored are left out
+    assert choose_operating_point(nan_scores, labels)[1] == 1.0
+
+
+def test_summary_estimates_and_warns_with_frames_to_label() -> None:
+    labels = labels_with(300, (20, 40), (100, 130), (200, 220))
+    plan = plan_folds(labels, (0, 300), merge_gap=5, guard=10)
+    scores = np.where(labels == 1, 0.9, 0.05)
+    scores[200:221] = 0.05  # the third occurrence is missed when held out ...
+    scores[250:260] = 0.9  # ... and ten frames without the event fire
+    result = summarize(plan, scores, labels, n_positive=int((labels == 1).sum()))
+    validation = result.validation
+    assert validation.method == "occurrences" and validation.folds == 3 and validation.occurrences == 3
+    assert validation.f1_min < validation.event_f1 < validation.f1_max == 1.0
+    text = " ".join(validation.warnings)
+    assert "250-259 fired without the event" in text
+    assert "200-220 were missed" in text
+
+
+def test_one_occurrence_and_few_positives_are_warned_about() -> None:
+    labels = labels_with(120, (60, 71))
+    plan = plan_folds(labels, (0, 120), merge_gap=5, guard=2)
+    scores = np.where(labels == 1, 0.8, 0.1)
+    warnings = summarize(plan, scores, labels, n_positive=12).validation.warnings
+    assert any("one occurrence" in w and "label frames with another occurrence" in w for w in warnings)
+    assert any("only 12 frames show the event" in w for w in warnings)
