@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from pydantic import ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -137,6 +137,7 @@ class Registry:
         for attempt in range(1, RETRIES + 1):
             try:
                 with self._sessions.begin() as session:
+                    _serialize_changes(session)
                     version = (session.scalar(select(func.max(FilterChange.version))) or 0) + 1
                     result = apply(session, version)
                     session.add(FilterChange(version=version, name=name, action=action))
@@ -144,6 +145,13 @@ class Registry:
             except IntegrityError:
                 log.info("filter change %s %s collided with another (attempt %d); retrying", action, name, attempt)
         raise RegistryError(503, f"filter '{name}' could not be saved: too many concurrent changes; retry")
+
+
+def _serialize_changes(session: Session) -> None:
+    """On PostgreSQL concurrent changes would all read the same max(version) and collide on its key; a table
+    lock (readers unaffected) queues them instead. SQLite serializes writers by itself."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("LOCK TABLE filter_changes IN EXCLUSIVE MODE"))
 
 
 def too_big(size: int, limit: int) -> str:

@@ -31,9 +31,13 @@ MAX_FOLDS = 4
 BLOCKS = 3  # folds when the training frames hold one occurrence
 # Candidate operating points. Thresholds are spread evenly in logit space: scores on new footage often sit far
 # from 0.5, and a grid in probability space would have nothing between 0.95 and 1.
-THRESHOLDS = 1.0 / (1.0 + np.exp(-np.linspace(-9.0, 9.0, 73)))
+LOGITS = np.linspace(-9.0, 9.0, 73)
+THRESHOLDS = 1.0 / (1.0 + np.exp(-LOGITS))
 SMOOTHINGS = ((1, 1), (2, 3), (3, 5), (4, 7))
-# Operating points within this much of the best event F1 are as good as the best; the middle one of them (by
+# A threshold is judged by the worst event F1 within this many logits of it: scores on new footage shift
+# (a new occurrence scores lower than the ones trained on), so a threshold whose neighbours fail is fragile.
+ROBUST_LOGITS = 1.0
+# Operating points within this much of the best such F1 are as good as the best; the middle one of them (by
 # threshold) is taken, as far as possible from both ends of the range that worked on held-out frames.
 F1_TIE = 0.01
 MIN_POSITIVES = 20  # fewer frames with the event than this: too few to trust, whatever the estimate says
@@ -135,19 +139,20 @@ def choose_operating_point(
 ) -> tuple[OperatingPoint, float]:
     """The operating point for out-of-fold `scores` (NaN = not scored) and its event F1 there.
 
-    Among the candidates within F1_TIE of the best event F1, the one with the middle threshold is taken.
+    Each candidate is judged by its robust F1, the worst within ROBUST_LOGITS of its threshold at the same
+    k-of-n; among those within F1_TIE of the best robust F1, the one with the middle threshold is taken.
     """
     scored = ~np.isnan(scores)
     scores, labels = scores[scored], labels[scored]
-    results = [
-        (event_f1(labels, smooth_scores(scores, float(t), k, n), tolerance).f1, float(t), k, n)
-        for k, n in SMOOTHINGS
-        for t in THRESHOLDS
-    ]
-    best = max(f1 for f1, *_ in results)
-    near_best = sorted((r for r in results if r[0] >= best - F1_TIE), key=lambda r: (r[1], r[2]))
-    f1, threshold, k, n = near_best[len(near_best) // 2]
-    return OperatingPoint(threshold, k, n), f1
+    candidates = []  # (robust F1, threshold, k, n, F1)
+    for k, n in SMOOTHINGS:
+        f1 = np.array([event_f1(labels, smooth_scores(scores, float(t), k, n), tolerance).f1 for t in THRESHOLDS])
+        robust = [f1[np.abs(LOGITS - logit) <= ROBUST_LOGITS + 1e-9].min() for logit in LOGITS]
+        candidates += zip(robust, THRESHOLDS.tolist(), itertools.repeat(k), itertools.repeat(n), f1, strict=False)
+    best = max(c[0] for c in candidates)
+    near_best = sorted((c for c in candidates if c[0] >= best - F1_TIE), key=lambda c: (c[1], c[2]))
+    _, threshold, k, n, f1 = near_best[len(near_best) // 2]
+    return OperatingPoint(threshold, k, n), float(f1)
 
 
 def fold_scores(

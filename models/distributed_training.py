@@ -159,17 +159,7 @@ def _fit_on_ranks(config: TrainConfig, data: TrainingData, progress: bool) -> tu
         net = DistributedDataParallel(net, device_ids=[config.device] if config.device.startswith("cuda") else None)
     sampler = BalancedSampler(data.frames, data.targets, config.batch_size, config.seed + rank)
     with torch_threads(config.threads):
-        losses = train_steps(
-            net,
-            data,
-            optimizer,
-            sampler,
-            config.steps,
-            config.device,
-            progress,
-            config.curricula,
-            config.label_smoothing,
-        )
+        losses = train_steps(net, data, optimizer, sampler, config, progress)
     averaged = synchronise_parameters(model)
     if averaged:
         log.info("ranks ended between synchronisations: their parameters were averaged once")

@@ -271,17 +271,7 @@ def fit_mc(config: TrainConfig, data: TrainingData, progress: bool = True) -> tu
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr, config.steps, config.curricula)
     sampler = BalancedSampler(data.frames, data.targets, config.batch_size, config.seed)
     with torch_threads(config.threads):
-        losses = train_steps(
-            Logits(model),
-            data,
-            optimizer,
-            sampler,
-            config.steps,
-            config.device,
-            progress,
-            config.curricula,
-            config.label_smoothing,
-        )
+        losses = train_steps(Logits(model), data, optimizer, sampler, config, progress)
     return model, losses
 
 
@@ -477,14 +467,12 @@ def train_steps(
     data: TrainingData,
     optimizer: torch.optim.Optimizer,
     batches: Iterable[tuple[np.ndarray, np.ndarray]],
-    steps: int,
-    device: str = "cpu",
+    config: TrainConfig,
     progress: bool = True,
-    curricula: tuple[Curriculum, ...] = (),
-    label_smoothing: float = 0.0,
 ) -> list[float]:
-    """`steps` optimizer steps of binary cross-entropy on `net(features, valid)` logits against targets moved
-    `label_smoothing` towards 0.5; the loss of each step."""
+    """`config.steps` optimizer steps of binary cross-entropy on `net(features, valid)` logits against targets
+    moved `config.label_smoothing` towards 0.5, with the config's curricula; the loss of each step."""
+    steps, device, curricula, label_smoothing = config.steps, config.device, config.curricula, config.label_smoothing
     net.to(device).train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
     losses: list[float] = []

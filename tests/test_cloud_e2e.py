@@ -28,13 +28,15 @@ from models.datasets import open_dataset
 
 @pytest.fixture(scope="module")
 def gate_clip(intel_car: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Frames 150-300 of the real clip (the red car at 37-88) as an H.264 file at the clip's 12.5 fps."""
+    """Frames 150-377 of the real clip (the red car at 37-88, then 11 s without one) as an H.264 file at
+    the clip's 12.5 fps. The long tail gives a cloud killed at the first match time to restart before the clip
+    ends: an edge that ends while the cloud is down keeps its spool for the next start (by design)."""
     out = tmp_path_factory.mktemp("clip") / "gate.mp4"
     dataset = open_dataset(intel_car)
     with av.open(str(out), "w") as container:
         stream = container.add_stream("libx264", rate=Fraction(25, 2), options={"crf": "18"})
         stream.width, stream.height, stream.pix_fmt = 768, 432, "yuv420p"
-        for _, image in dataset.frames(150, 300):
+        for _, image in dataset.frames(150, 377):
             frame = av.VideoFrame.from_ndarray(cv2.resize(image, (768, 432)), format="bgr24")
             container.mux(stream.encode(frame))
         container.mux(stream.encode(None))

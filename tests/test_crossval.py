@@ -77,6 +77,18 @@ def test_the_operating_point_is_the_middle_of_what_worked_on_held_out_frames() -
     assert choose_operating_point(nan_scores, labels)[1] == 1.0
 
 
+def test_a_threshold_whose_neighbours_fail_is_not_chosen() -> None:
+    labels = labels_with(400, (20, 40), (100, 120), (180, 200), (260, 280), (340, 360))
+    logits = np.where(labels == 1, 3.0, -6.0)
+    logits[340:361] = -1.9  # one occurrence scores low ...
+    logits[290:335] = -2.4  # ... just above 45 frames without the event
+    point, f1 = choose_operating_point(1 / (1 + np.exp(-logits)), labels)
+    # Only thresholds in the half-logit gap between them find everything; the wide range that misses the weak
+    # occurrence and never fires without the event is taken instead, in its middle.
+    assert f1 < 1.0
+    assert -1.5 < np.log(point.threshold / (1 - point.threshold)) < 2.5
+
+
 def test_summary_estimates_and_warns_with_frames_to_label() -> None:
     labels = labels_with(300, (20, 40), (100, 130), (200, 220))
     plan = plan_folds(labels, (0, 300), merge_gap=5, guard=10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -262,7 +263,7 @@ def test_curricula_grow_the_window_and_resolution_seen_per_step(tiny: LabelledDa
     net.register_forward_pre_hook(record)
     optimizer = make_optimizer("adam", model.parameters(), 1e-3, 7, curricula)
     sampler = BalancedSampler(data.frames, data.targets, 16, seed=0)
-    train_steps(net, data, optimizer, sampler, 7, progress=False, curricula=curricula)
+    train_steps(net, data, optimizer, sampler, dataclasses.replace(config, steps=7), progress=False)
     # window ⌊3s/6⌋ + 1 = 1,2,2,3,3,4,4; rows of the 6-row crop: 25% (steps 1-2) -> 2, 50% (3-4) -> 3, 100% -> 6
     assert data.crop_chw[1] == 6
     assert seen == [(1, 2), (2, 2), (2, 3), (3, 3), (3, 6), (4, 6), (4, 6)]
