@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,13 @@ from filterforward.cli import main
 from models.base_export import file_digest
 from models.bundle import check_mc_model, load_bundle
 from models.cache import cache_dir
+from models.coverage import one_place_warning
 from models.datasets.labelled import LabelledDataset
 from models.datasets.synth import write_synthetic
 from models.errors import FilterForwardError
 from models.evaluation import event_f1
 from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
+from models.microclassifiers import build_mc
 from models.roi import ROI
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
 from models.training import (
@@ -288,3 +291,42 @@ def test_cli_trains_one_mc_per_event_from_one_feature_pass(
     assert [spec.event for spec in specs] == ["blue_present", "any_object"]
     assert main([*argv, "--name", "one-name"]) == 2
     assert "--name names one filter" in capsys.readouterr().err
+
+
+def test_default_training_chooses_the_kind_by_cross_validation(
+    clip: LabelledDataset, clip_taps: dict[str, np.ndarray], base_model: Path, tmp_path: Path, capsys
+) -> None:
+    argv = ["train", str(clip.root), "--event", "any_object", "--frames", "0:240", "--steps", "60"]
+    assert main([*argv, "--base-model", str(base_model), "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    for tap in ("mid", "late"):
+        assert re.search(rf"candidate full_frame on tap {tap}: held-out event F1 [01]\.\d{{3}} \(", out), out
+    spec, _ = load_bundle(tmp_path / "b")
+    assert spec.architecture == "full_frame" and spec.tap in ("mid", "late")
+    validation = spec.validation
+    assert validation is not None and validation.method == "occurrences" and validation.folds >= 2
+    assert validation.f1_min <= validation.event_f1 <= validation.f1_max
+    assert f"event F1 {validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f})" in out
+
+
+def test_an_event_seen_at_one_place_of_its_region_is_warned_about() -> None:
+    # A full-frame MC whose cell logit is channel 0 of the cell: its winner is the brightest cell.
+    region = np.ones((8, 8), bool)
+    model = build_mc("full_frame", 4, (8, 8), mask=region)
+    with torch.no_grad():
+        for conv in model.cells:
+            if isinstance(conv, torch.nn.Conv2d):
+                conv.weight.zero_()
+                conv.bias.zero_()
+                conv.weight[0, 0] = 1.0
+    roi = ROI(x0=0.5, y0=0.0, x1=1.0, y1=1.0)
+    at_one_place = torch.zeros(12, 4, 8, 8)
+    at_one_place[:, 0, 6, 1] = 1.0  # every positive frame: the event at row 6, column 1
+    warning = one_place_warning(model, at_one_place, roi, region)
+    assert warning is not None and "around x=0.59, y=0.81 of the frame" in warning
+    moving = torch.zeros(12, 4, 8, 8)
+    moving[np.arange(12), 0, np.arange(12) % 8, (3 * np.arange(12)) % 8] = 1.0  # across the region
+    assert one_place_warning(model, moving, roi, region) is None
+    narrow = np.zeros((8, 8), bool)
+    narrow[:, :2] = True  # a region two cells wide has no separate places to tell apart
+    assert one_place_warning(model, at_one_place, roi, narrow) is None
