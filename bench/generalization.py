@@ -322,7 +322,7 @@ def plot(path: Path, rows: list[Row]) -> None:
     figure.savefig(path, dpi=120)
 
 
-def _seeds(text: str) -> tuple[int, ...]:
+def seed_range(text: str) -> tuple[int, ...]:
     first, _, last = text.partition("-")
     try:
         seeds = tuple(range(int(first), int(last or first) + 1))
@@ -333,7 +333,7 @@ def _seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
-def _choices(allowed: Sequence[str]) -> argparse.Action:
+def choices(allowed: Sequence[str]) -> argparse.Action:
     def parse(text: str) -> tuple[str, ...]:
         chosen = tuple(part for part in text.split(",") if part)
         unknown = [part for part in chosen if part not in allowed]
@@ -349,11 +349,11 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
     default_data = Path(os.environ.get("FILTERFORWARD_DATA", REPO.parent / "shared" / "data"))
     parser.add_argument("--data", type=Path, default=default_data, help="folder with the real clips")
     clips = tuple(c.folder for c in CLIPS)
-    parser.add_argument("--clips", type=_choices(clips), default=clips, help="comma-separated clip folders")
-    parser.add_argument("--kinds", type=_choices(KINDS), default=KINDS, help="comma-separated MC kinds and default")
-    parser.add_argument("--seeds", type=_seeds, default=tuple(range(5)), help="seeds, e.g. 0-4 (default)")
+    parser.add_argument("--clips", type=choices(clips), default=clips, help="comma-separated clip folders")
+    parser.add_argument("--kinds", type=choices(KINDS), default=KINDS, help="comma-separated MC kinds and default")
+    parser.add_argument("--seeds", type=seed_range, default=tuple(range(5)), help="seeds, e.g. 0-4 (default)")
     parser.add_argument(
-        "--sizes", type=_choices(("default", "half")), default=("default", "half"), help="input sizes to run"
+        "--sizes", type=choices(("default", "half")), default=("default", "half"), help="input sizes to run"
     )
     parser.add_argument("--no-motion", dest="motion", action="store_false", help="skip the MOG2 motion rows")
     parser.add_argument("--quick", action="store_true", help="default filter and full_frame, seed 0, half size")

@@ -268,14 +268,22 @@ def train_mc(
     return finish_training(model, data, config, out_dir, model_path, losses, validation)
 
 
-def fit_mc(config: TrainConfig, data: TrainingData, progress: bool = True) -> tuple[MicroClassifier, list[float]]:
-    """A fresh MC trained on the data's training frames; its loss per step."""
+StepHook = Callable[[int, MicroClassifier], None]  # (step, the model being trained): learning curves
+
+
+def fit_mc(
+    config: TrainConfig, data: TrainingData, progress: bool = True, on_step: StepHook | None = None
+) -> tuple[MicroClassifier, list[float]]:
+    """A fresh MC trained on the data's training frames; its loss per step. `on_step(step, model)` runs after
+    every optimizer step (learning curves)."""
     model = new_model(config, data)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr, config.steps, config.curricula)
     sampler = BalancedSampler(data.frames, data.targets, config.batch_size, config.seed)
+    hook = None if on_step is None else lambda step: on_step(step, model)
     with torch_threads(config.threads):
-        losses = train_steps(Logits(model), data, optimizer, sampler, config, progress)
+        losses = train_steps(Logits(model), data, optimizer, sampler, config, progress, hook)
     return model, losses
+
 
 
 Fit = Callable[[TrainingData], tuple[MicroClassifier, list[float]]]
@@ -485,9 +493,11 @@ def train_steps(
     batches: Iterable[tuple[np.ndarray, np.ndarray]],
     config: TrainConfig,
     progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[float]:
     """`config.steps` optimizer steps of binary cross-entropy on `net(features, valid)` logits against targets
-    moved `config.label_smoothing` towards 0.5, with the config's curricula; the loss of each step."""
+    moved `config.label_smoothing` towards 0.5, with the config's curricula; the loss of each step.
+    `on_step(step)` runs after each step (the net is back in training mode after it)."""
     steps, device, curricula, label_smoothing = config.steps, config.device, config.curricula, config.label_smoothing
     net.to(device).train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -501,6 +511,9 @@ def train_steps(
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(step)
+                net.train()
             bar.update()
             bar.set_postfix(loss=f"{losses[-1]:.3f}", **difficulties, refresh=False)
     return losses

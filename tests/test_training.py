@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import re
@@ -32,6 +33,7 @@ from models.training import (
     BalancedSampler,
     Logits,
     TrainConfig,
+    fit_mc,
     load_training_data,
     make_optimizer,
     new_model,
@@ -330,3 +332,19 @@ def test_an_event_seen_at_one_place_of_its_region_is_warned_about() -> None:
     narrow = np.zeros((8, 8), bool)
     narrow[:, :2] = True  # a region two cells wide has no separate places to tell apart
     assert one_place_warning(model, at_one_place, roi, narrow) is None
+
+
+def test_a_step_hook_sees_every_step_of_the_model_being_trained(tiny: LabelledDataset, base_model: Path) -> None:
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 48), steps=6)
+    data = load_training_data(tiny, config, base_model, progress=False)
+    seen: list[tuple[int, bool, torch.Tensor]] = []
+
+    def hook(step: int, model: torch.nn.Module) -> None:
+        model.eval()  # a learning curve scores the model mid-training; training must go on in train mode
+        seen.append((step, model.training, next(model.parameters()).detach().clone()))
+
+    model, losses = fit_mc(config, data, progress=False, on_step=hook)
+    assert [step for step, _, _ in seen] == [1, 2, 3, 4, 5, 6] and len(losses) == 6
+    assert not any(torch.equal(a, b) for (_, _, a), (_, _, b) in itertools.pairwise(seen))  # each after a step
+    assert torch.equal(seen[-1][2], next(model.parameters()))
+    assert model.training  # put back after the hook

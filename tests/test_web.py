@@ -6,6 +6,7 @@ cloud's own storage layer writes into the server's database while the page stays
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from cloud_server import READ_WRITE, run_cloud
 
 from cloud.config import CloudConfig
-from models.filterspec import FilterSpec
+from models.filterspec import FilterSpec, Validation
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 Page = playwright_api.Page
@@ -108,6 +109,7 @@ def test_token_and_filter_registration(
     expect(row.locator('[data-field="tap"]')).to_have_text("late @ 128×96")
     expect(row.locator('[data-field="cameras"]')).to_have_text("cam-1, cam-2")
     expect(row.locator('[data-field="threshold"]')).to_have_text("0.5 · 3/5")
+    expect(row.locator('[data-field="validation"]')).to_have_text("—")  # registered without an estimate
     expect(row.locator('[data-field="encoding"]')).to_have_text("JPEG q80")
     expect(row.locator('[data-field="version"]')).to_have_text("1")
     expect(page.get_by_test_id("filter-form-message")).to_contain_text("Registered red-car")
@@ -138,6 +140,19 @@ def test_token_and_filter_registration(
     row.get_by_test_id("filter-delete").click()
     expect(page.get_by_test_id("filter-row")).to_have_count(0)
     assert api(cloud, "GET", "/api/filters").json() == []
+
+    # A bundle from `filterforward train` carries its cross-validated estimate and warnings: shown in the row.
+    estimate = Validation(
+        event_f1=0.93, f1_min=0.875, f1_max=1.0, precision=0.9, event_recall=1.0, folds=3, occurrences=3,
+        method="occurrences", warnings=("only 12 frames show the event: label at least 20",),
+    )  # fmt: skip
+    vetted = spec.model_copy(update={"name": "vetted", "validation": estimate})
+    files = {"model": ("vetted.onnx", onnx, "application/octet-stream")}
+    assert api(cloud, "POST", "/api/filters", data={"spec": vetted.model_dump_json()}, files=files).status_code == 201
+    cell = page.locator('[data-testid="filter-row"][data-name="vetted"] [data-field="validation"]')
+    expect(cell).to_have_text("0.93 (0.88–1.00) ⚠ 1")
+    expect(cell).to_have_attribute("title", re.compile(r"3 folds, whole occurrences held out\n⚠ only 12 frames"))
+    assert api(cloud, "DELETE", "/api/filters/vetted").status_code == 204
 
 
 def test_live_stats_and_events_without_reload(page: Page, cloud: CloudConfig) -> None:

@@ -159,7 +159,7 @@ async function refreshFilters() {
   if (signature === filtersSignature) return;
   filtersSignature = signature;
   const rows = filters.map(filterRow);
-  byId("filters-body").replaceChildren(...(rows.length ? rows : [emptyRow(9, "No filters registered yet.")]));
+  byId("filters-body").replaceChildren(...(rows.length ? rows : [emptyRow(10, "No filters registered yet.")]));
   setOptions(byId("filter-names"), filters.map((filter) => filter.name));
 }
 
@@ -187,10 +187,27 @@ function filterRow(filter) {
     ),
     el("td", { "data-field": "cameras" }, (spec.cameras || []).join(", ")),
     el("td", { "data-field": "threshold" }, `${smoothing.threshold} · ${smoothing.k}/${smoothing.n}`),
+    validationCell(spec.validation),
     el("td", { "data-field": "encoding" }, encoding.kind === "clip" ? "MP4 clip" : `JPEG q${encoding.jpeg_quality}`),
     numCell("version", String(spec.version)),
     numCell("revision", String(filter.revision)),
     el("td", {}, remove),
+  );
+}
+
+/** The cross-validated estimate of a filter on footage it was not trained on (spec.validation), its warnings
+ * counted in the cell and listed in the tooltip. */
+function validationCell(validation) {
+  if (!validation) return el("td", { "data-field": "validation", title: "trained without cross-validation" }, "—");
+  const f1 = (value) => value.toFixed(2);
+  const warnings = validation.warnings || [];
+  const held = validation.method === "blocks" ? "thirds of one occurrence" : "whole occurrences";
+  const title = [`${validation.folds} folds, ${held} held out`, ...warnings.map((w) => `⚠ ${w}`)].join("\n");
+  const text = `${f1(validation.event_f1)} (${f1(validation.f1_min)}–${f1(validation.f1_max)})`;
+  return el(
+    "td",
+    { "data-field": "validation", title, class: warnings.length ? "warn" : null },
+    warnings.length ? `${text} ⚠ ${warnings.length}` : text,
   );
 }
 
