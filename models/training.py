@@ -285,7 +285,6 @@ def fit_mc(
     return model, losses
 
 
-
 Fit = Callable[[TrainingData], tuple[MicroClassifier, list[float]]]
 
 
