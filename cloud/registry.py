@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from cloud.db import Filter, FilterChange, utcnow
 from models.bundle import check_mc_model, validation_summary
 from models.errors import FilterForwardError
-from models.filterspec import FilterSpec
+from models.filterspec import MAX_VERSION, FilterSpec
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, PIXELS, Tap, check_input_size
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,12 @@ class Registry:
             row = _existing(session, name)
             if onnx is None:  # the stored model must still fit the new spec (tap, ROI, input size)
                 self._check_model(spec, row.onnx)
-            bumped = spec.model_copy(update={"version": int(row.spec.get("version", 1)) + 1})
+            stored = int(row.spec.get("version", 1))
+            if stored >= MAX_VERSION:
+                raise RegistryError(
+                    409, f"filter '{name}' is at the highest version ({MAX_VERSION}): delete it and create it again"
+                )
+            bumped = spec.model_copy(update={"version": stored + 1})
             row.spec = bumped.model_dump(mode="json")
             row.onnx = onnx if onnx is not None else row.onnx
             row.revision = version

@@ -10,6 +10,7 @@ bank. An MC that cannot be fused runs alone in its own session.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -30,6 +31,7 @@ from models.filterspec import FilterSpec
 from models.taps import PIXEL_TAP, PIXELS, Tap
 
 log = logging.getLogger(__name__)
+_LOADS = itertools.count()  # numbers every load of a filter in this process
 # Below this many MCs a frame's scoring is too short to be worth handing to other threads; it is also the
 # smallest share of a fused group worth its own graph.
 PARALLEL_FROM = 4
@@ -46,6 +48,7 @@ class LoadedMC:
     history_shape: tuple[int, ...] | None  # windowed MCs: (1, (W-1)*R, h, w)
     onnx_bytes: bytes = field(default=b"", repr=False)
     opset: int | None = None
+    history_key: str = ""  # unique to this load of the filter: its windowed history in each CameraState
     fused: FusedGraph | None = None  # the graph that runs it with other MCs of its tap, if any
     fusable: bool = True  # False once fusing it failed: it runs alone from then on
 
@@ -56,9 +59,15 @@ class LoadedMC:
 
 @dataclass
 class CameraState:
-    """Per-camera memory of windowed MCs: the reduced features of their last W-1 frames."""
+    """Per-camera memory of windowed MCs: the reduced features of their last W-1 frames, per loaded model (a
+    replaced filter's new model starts from zeros, never from the old model's features)."""
 
     history: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def forget_all_but(self, keys: set[str]) -> None:
+        """Drop the histories of models no longer loaded."""
+        for key in self.history.keys() - keys:
+            del self.history[key]
 
 
 def load_mc(spec: FilterSpec, onnx_bytes: bytes, taps: Mapping[str, Tap], input_size: tuple[int, int]) -> LoadedMC:
@@ -74,7 +83,8 @@ def load_mc(spec: FilterSpec, onnx_bytes: bytes, taps: Mapping[str, Tap], input_
     rows, cols = spec.roi.cells(tap_shape[1], tap_shape[2])
     history = next((i for i in session.get_inputs() if i.name == "history"), None)
     history_shape = (1, *history.shape[1:]) if history is not None else None
-    return LoadedMC(spec, session, rows, cols, history_shape, onnx_bytes, default_opset(onnx_bytes))
+    key = f"{spec.name}#{next(_LOADS)}"
+    return LoadedMC(spec, session, rows, cols, history_shape, onnx_bytes, default_opset(onnx_bytes), key)
 
 
 def tap_shape_of(spec: FilterSpec, taps: Mapping[str, Tap], input_size: tuple[int, int]) -> tuple[int, int, int]:
@@ -152,6 +162,8 @@ class MCBank:
             scores = _run_jobs(shares[0])  # this thread takes a share too
             for future in futures:
                 scores.update(future.result())
+        if len(state.history) > sum(mc.history_shape is not None for mc in mcs):
+            state.forget_all_but({mc.history_key for mc in mcs})
         return {mc.spec.name: scores[mc.spec.name] for mc in mcs}
 
     def close(self) -> None:
@@ -248,7 +260,7 @@ def _run_alone(mc: LoadedMC, tap: np.ndarray, state: CameraState) -> dict[str, f
     if mc.history_shape is None:
         (score,) = mc.session.run(["score"], {"features": crop})
         return {mc.spec.name: float(score.reshape(-1)[0])}
-    history = window_history(state.history, mc.spec.name, mc.history_shape)
+    history = window_history(state.history, mc.history_key, mc.history_shape)
     score, reduced = mc.session.run(["score", "reduced"], {"features": crop, "history": history})
-    push_history(state.history, mc.spec.name, history, reduced)
+    push_history(state.history, mc.history_key, history, reduced)
     return {mc.spec.name: float(score.reshape(-1)[0])}

@@ -48,6 +48,9 @@ class FusableMC(Protocol):
     @property
     def history_shape(self) -> tuple[int, ...] | None: ...
 
+    @property
+    def history_key(self) -> str: ...
+
 
 @dataclass(frozen=True)
 class Member:
@@ -58,6 +61,7 @@ class Member:
     history: str | None = None  # windowed MCs only
     reduced: str | None = None
     history_shape: tuple[int, ...] | None = None
+    history_key: str = ""  # the loaded model's key in a camera's histories
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,26 +89,26 @@ class FusedGraph:
         """Every member's score on one frame's tap [1, C, H, W]; advances the windowed members' histories."""
         feeds = {TAP_INPUT: tap}
         for m in self.windowed:
-            feeds[m.history] = window_history(histories, m.name, m.history_shape)
+            feeds[m.history] = window_history(histories, m.history_key, m.history_shape)
         values = self.session.run(self.outputs, feeds)
         scores, reductions = values[: len(self.members)], values[len(self.members) :]
         for m, reduced in zip(self.windowed, reductions, strict=True):
-            push_history(histories, m.name, feeds[m.history], reduced)
+            push_history(histories, m.history_key, feeds[m.history], reduced)
         return {m.name: float(score.reshape(-1)[0]) for m, score in zip(self.members, scores, strict=True)}
 
 
-def window_history(histories: dict[str, np.ndarray], name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A windowed MC's history for this frame: zeros until its first frame (or after its shape changed)."""
-    history = histories.get(name)
+def window_history(histories: dict[str, np.ndarray], key: str, shape: tuple[int, ...]) -> np.ndarray:
+    """A windowed MC's history for this frame: zeros until its first frame."""
+    history = histories.get(key)
     if history is None or history.shape != shape:
         history = np.zeros(shape, np.float32)
     return history
 
 
-def push_history(histories: dict[str, np.ndarray], name: str, history: np.ndarray, reduced: np.ndarray) -> None:
+def push_history(histories: dict[str, np.ndarray], key: str, history: np.ndarray, reduced: np.ndarray) -> None:
     """Oldest frame out, this frame's reduction in: the ring buffer the next frame sees."""
     width = reduced.shape[1]
-    histories[name] = np.concatenate([history[:, width:], reduced], axis=1)
+    histories[key] = np.concatenate([history[:, width:], reduced], axis=1)
 
 
 def default_opset(onnx_bytes: bytes) -> int | None:
@@ -159,7 +163,8 @@ def _member(index: int, mc: FusableMC) -> Member:
     prefix = _prefix(index)
     if mc.history_shape is None:
         return Member(mc.name, prefix + SCORE_OUTPUT)
-    return Member(mc.name, prefix + SCORE_OUTPUT, prefix + HISTORY_INPUT, prefix + REDUCED_OUTPUT, mc.history_shape)
+    names = (prefix + SCORE_OUTPUT, prefix + HISTORY_INPUT, prefix + REDUCED_OUTPUT)
+    return Member(mc.name, *names, mc.history_shape, mc.history_key)
 
 
 def _crop(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -10,6 +10,9 @@ from models.roi import FULL_FRAME, ROI
 
 Architecture = Literal["full_frame", "localized", "windowed", "discrete"]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+CameraName = Annotated[str, Field(min_length=1, max_length=128)]
+WarningText = Annotated[str, Field(max_length=2000)]
+MAX_VERSION = 2**31 - 1  # fits every database's integer column; the registry refuses to bump past it
 
 
 class Smoothing(BaseModel):
@@ -54,7 +57,9 @@ class Validation(BaseModel):
     folds: int = Field(ge=0, le=64)
     occurrences: int = Field(ge=0, description="separate occurrences of the event in the training frames")
     method: Literal["occurrences", "blocks"]
-    warnings: tuple[str, ...] = Field((), max_length=16, description="why the estimate may not hold, and what to label")
+    warnings: tuple[WarningText, ...] = Field(
+        (), max_length=16, description="why the estimate may not hold, and what to label"
+    )
 
 
 class FilterSpec(BaseModel):
@@ -63,8 +68,8 @@ class FilterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=NAME_PATTERN)
-    event: str = Field("", description="label column the MC was trained for (informational)")
-    cameras: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    event: str = Field("", max_length=128, description="label column the MC was trained for (informational)")
+    cameras: list[CameraName] = Field(default_factory=lambda: ["*"], min_length=1, max_length=1024)
     architecture: Architecture
     tap: str = Field(min_length=1, max_length=64)
     roi: ROI = FULL_FRAME
@@ -72,7 +77,7 @@ class FilterSpec(BaseModel):
     smoothing: Smoothing = Smoothing()
     window: int = Field(5, ge=1, le=64, description="frames stacked by a windowed MC")
     encoding: Encoding = Encoding()
-    version: int = Field(1, ge=1)
+    version: int = Field(1, ge=1, le=MAX_VERSION)
     validation: Validation | None = Field(None, description="cross-validated estimate from training, if any")
 
     def applies_to(self, camera: str) -> bool:

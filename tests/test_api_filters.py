@@ -7,6 +7,7 @@ database (read directly, not through the API) exactly as it was before the reque
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from sqlalchemy import select
 
 from cloud.config import CloudConfig
 from cloud.db import Filter, FilterChange, make_engine, session_factory
-from models.filterspec import FilterSpec
+from models.filterspec import MAX_VERSION, FilterSpec
 
 SIZE = (128, 96)
 
@@ -76,6 +77,11 @@ def upload(spec: FilterSpec | str, onnx: bytes | None) -> dict[str, Any]:
 
 def spec_for(name: str, **fields: Any) -> FilterSpec:
     return FilterSpec(name=name, architecture="full_frame", tap="late", input_size=SIZE, **fields)
+
+
+def spec_json(**fields: Any) -> str:
+    """The JSON of a valid spec named x with some fields replaced, unchecked (for specs the model refuses)."""
+    return json.dumps({**spec_for("x").model_dump(mode="json"), **fields})
 
 
 def test_create_list_get_and_download(cloud: CloudServer, models: dict) -> None:
@@ -279,6 +285,18 @@ REFUSALS = [
         "not a valid ONNX file",
     ),
     ("delete of an unknown filter", "delete", "/api/filters/nobody", None, None, 404, "no filter named 'nobody'"),
+    ("event label too long", "post", "/api/filters", spec_json(event="e" * 129), "late", 422, "event: String should"),
+    ("camera name too long", "post", "/api/filters", spec_json(cameras=["c" * 129]), "late", 422, "cameras.0:"),
+    ("version too high", "post", "/api/filters", spec_json(version=2**31), "late", 422, "version: Input should"),
+    (
+        "update past the highest version",
+        "put",
+        "/api/filters/at-max",
+        spec_for("at-max").model_dump_json(),
+        None,
+        409,
+        "at the highest version",
+    ),
 ]
 
 
@@ -286,6 +304,8 @@ REFUSALS = [
 def existing(cloud: CloudServer, models: dict) -> None:
     with cloud.client() as client:
         assert client.post("/api/filters", **upload(spec_for("existing"), models["late"][1])).status_code == 201
+        at_max = spec_for("at-max", version=MAX_VERSION)
+        assert client.post("/api/filters", **upload(at_max, models["late"][1])).status_code == 201
 
 
 @pytest.mark.parametrize(

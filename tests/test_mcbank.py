@@ -60,13 +60,33 @@ def test_windowed_mc_keeps_its_ring_buffer_per_camera(make_filter, base: BaseDNN
     bank.put(spec, onnx_bytes)
     one, other = CameraState(), CameraState()
     first = score_frame(bank, base, frames[0], one)["win"]
-    assert one.history["win"].shape[1] % 2 == 0  # W-1 = 2 reduced frames
+    (key,) = one.history  # the loaded model's
+    assert one.history[key].shape[1] % 2 == 0  # W-1 = 2 reduced frames
     later = [score_frame(bank, base, frame, one)["win"] for frame in frames[1:4]]
     # A camera whose history is empty scores the first frame as the other camera did: state is per camera.
     assert score_frame(bank, base, frames[0], other)["win"] == pytest.approx(first, abs=1e-6)
     # Once the window is full of real frames, the history differs from the zeros of a cold start.
-    assert not np.allclose(one.history["win"], 0.0)
+    assert not np.allclose(one.history[key], 0.0)
     assert len(later) == 3
+
+
+def test_a_replaced_windowed_filter_starts_from_an_empty_history(
+    make_filter, base: BaseDNN, frames: list[np.ndarray]
+) -> None:
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("windowed", "mid", SIZE, name="win", window=3))
+    state = CameraState()
+    for frame in frames[:3]:
+        score_frame(bank, base, frame, state)  # the old model's reductions fill the window
+    retrained, new_onnx = make_filter("windowed", "mid", SIZE, name="win-retrained", window=3)  # other weights
+    new_spec = retrained.model_copy(update={"name": "win"})
+    bank.put(new_spec, new_onnx)
+    after_replace = score_frame(bank, base, frames[3], state)["win"]
+    fresh = MCBank(base.taps, SIZE)
+    fresh.put(new_spec, new_onnx)
+    cold = score_frame(fresh, base, frames[3], CameraState())["win"]
+    assert after_replace == pytest.approx(cold, abs=1e-6)  # no feature of the old model leaked in
+    assert len(state.history) == 1  # the old model's history is gone
 
 
 def test_filters_apply_to_their_cameras_only(make_filter, base: BaseDNN, frames: list[np.ndarray]) -> None:
