@@ -36,6 +36,14 @@ PROTOCOL = b"ff/1"
 TOPIC = b"filters"
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # edge and camera ids (as in the edge config)
 IdName = Annotated[str, Field(pattern=ID_PATTERN)]
+# Bounds that keep every value storable (64-bit integer columns, datetimes before year 10000) and finite: a
+# header outside them is refused as malformed instead of failing the store and being resent for ever.
+Seq = Annotated[int, Field(ge=0, le=2**63 - 1)]
+FrameIndex = Annotated[int, Field(ge=0, le=2**63 - 1)]
+StreamTime = Annotated[float, Field(ge=0, le=1e10, allow_inf_nan=False, description="stream time in seconds")]
+WallTime = Annotated[float, Field(ge=0, le=253_402_300_799, allow_inf_nan=False, description="unix time")]
+Score = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Version = Annotated[int, Field(ge=0, le=2**31 - 1)]
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 32 * 1024 * 1024  # a clip of a long event; frames are far smaller
 
@@ -53,7 +61,7 @@ class Hello(_Header):
     edge: str = Field(pattern=ID_PATTERN)
     run: str = Field(min_length=1, max_length=64, description="changes each time the edge process starts")
     cameras: list[IdName] = Field(default_factory=list)
-    filters_version: int = Field(0, ge=0, description="version of the filter set the edge runs")
+    filters_version: Version = Field(0, description="version of the filter set the edge runs")
 
 
 class Heartbeat(_Header):
@@ -72,12 +80,12 @@ class FrameHeader(_Header):
     type: Literal["frame"] = "frame"
     edge: str = Field(pattern=ID_PATTERN)
     run: str = Field(min_length=1, max_length=64)
-    seq: int = Field(ge=0)
+    seq: Seq
     camera: str = Field(pattern=ID_PATTERN)
-    frame: int = Field(ge=0, description="frame index in the camera's stream")
-    timestamp: float = Field(ge=0, description="stream time in seconds")
-    wall_time: float = Field(ge=0, description="unix time at the edge when the frame was processed")
-    scores: dict[str, float] = Field(description="filter name -> score, for the filters that matched")
+    frame: FrameIndex = Field(description="frame index in the camera's stream")
+    timestamp: StreamTime
+    wall_time: WallTime = Field(description="unix time at the edge when the frame was processed")
+    scores: dict[str, Score] = Field(description="filter name -> score, for the filters that matched")
     events: list[str] = Field(default_factory=list, description="ids of the open events the frame belongs to")
     payload: Literal["jpeg", "none"] = "jpeg"
 
@@ -86,20 +94,20 @@ class EventInfo(_Header):
     id: str = Field(min_length=1, max_length=200)
     filter: str = Field(pattern=NAME_PATTERN)
     camera: str = Field(pattern=ID_PATTERN)
-    start_frame: int = Field(ge=0)
-    start_time: float = Field(ge=0)
-    end_frame: int | None = Field(None, ge=0)
-    end_time: float | None = Field(None, ge=0)
-    peak_score: float
+    start_frame: FrameIndex
+    start_time: StreamTime
+    end_frame: FrameIndex | None = None
+    end_time: StreamTime | None = None
+    peak_score: Score
 
 
 class EventHeader(_Header):
     type: Literal["event"] = "event"
     edge: str = Field(pattern=ID_PATTERN)
     run: str = Field(min_length=1, max_length=64)
-    seq: int = Field(ge=0)
+    seq: Seq
     phase: Literal["start", "end"]
-    wall_time: float = Field(ge=0, description="unix time at the edge when the event started or ended")
+    wall_time: WallTime = Field(description="unix time at the edge when the event started or ended")
     event: EventInfo
     payload: Literal["mp4", "none"] = "none"
 
@@ -111,14 +119,14 @@ class SnapshotRequest(_Header):
 
 class Ack(_Header):
     type: Literal["ack"] = "ack"
-    seqs: list[int] = Field(description="sequence numbers now stored (or already stored before)")
+    seqs: list[Seq] = Field(description="sequence numbers now stored (or already stored before)")
 
 
 class FilterUpdate(_Header):
     """One filter as of `version`: `put` carries its spec (payload: its ONNX model), `delete` only its name."""
 
     type: Literal["filter"] = "filter"
-    version: int = Field(ge=1)
+    version: Version = Field(ge=1)
     action: Literal["put", "delete"]
     name: str = Field(pattern=NAME_PATTERN)
     spec: FilterSpec | None = None
@@ -126,7 +134,7 @@ class FilterUpdate(_Header):
 
 class SnapshotEnd(_Header):
     type: Literal["snapshot_end"] = "snapshot_end"
-    version: int = Field(ge=0, description="the filter-set version the snapshot reflects")
+    version: Version = Field(description="the filter-set version the snapshot reflects")
 
 
 class Error(_Header):

@@ -3,6 +3,8 @@ edge/protocol.py on loopback, plain and with CURVE and the ZAP allow-list."""
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import socket
 import time
@@ -208,6 +210,10 @@ BAD_MESSAGES = {
     "bad JSON": [PROTOCOL, b"{not json", b""],
     "bad header": [PROTOCOL, b'{"type": "frame", "edge": "edge-1"}', b""],
     "cloud-only kind": encode(Ack(seqs=[1])),
+    **{
+        f"{field} {value}": [PROTOCOL, json.dumps({**frame(9).model_dump(mode="json"), field: value}).encode(), b""]
+        for field, value in [("seq", 2**63), ("wall_time", 1e20), ("frame", 2**70), ("scores", {"red": math.nan})]
+    },
 }
 
 
