@@ -41,6 +41,7 @@ from cloud.zap import PUBLIC_KEY_PROPERTY, ZapHandler
 from edge.curve import make_server
 from edge.protocol import (
     ID_PATTERN,
+    MAX_PAYLOAD_BYTES,
     TOPIC,
     Ack,
     Error,
@@ -78,6 +79,7 @@ COUNTS = (
 PERSISTED = frozenset({"malformed", "unauthenticated"})  # refusals also go to the database's Counter rows
 PUBLISH_INTERVAL = 0.1  # seconds between polls of the FilterChange table
 BATCH = 256  # messages handled per loop pass before the acks go out
+HEADER_ROOM = 1024 * 1024  # bytes allowed for any message part but a payload (headers are a few hundred)
 
 
 class _Refused(Exception):
@@ -164,6 +166,9 @@ class Ingest:
     def _bind(self, kind: int, port: int, setting: str) -> tuple[zmq.Socket, int]:
         socket = self._context.socket(kind)
         socket.linger = 0
+        # A peer sending a larger message part is disconnected before it is buffered (the PUB socket only ever
+        # receives subscriptions).
+        socket.maxmsgsize = MAX_PAYLOAD_BYTES + HEADER_ROOM if kind == zmq.ROUTER else HEADER_ROOM
         self._sockets.append(socket)
         if not self._config.insecure:
             make_server(socket, self._config.secret_key)

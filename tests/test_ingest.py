@@ -21,10 +21,11 @@ from zmq.utils.monitor import recv_monitor_message
 from cloud.config import CloudConfig, TokenConfig, ZmqConfig
 from cloud.db import Counter, Edge, Event, Filter, FilterChange, StoredFrame, make_engine, session_factory
 from cloud.framestore import FrameStore
-from cloud.ingest import Ingest
+from cloud.ingest import HEADER_ROOM, Ingest
 from cloud.storage import Notification, Storage
 from edge.curve import create_keypair, load_public, make_client
 from edge.protocol import (
+    MAX_PAYLOAD_BYTES,
     PROTOCOL,
     TOPIC,
     Ack,
@@ -235,6 +236,21 @@ def test_malformed_messages_are_counted_answered_and_ingest_goes_on(make_cloud) 
     assert cloud.ingest.counts["malformed"] == len(BAD_MESSAGES)
     with cloud.sessions() as session:
         assert session.get(Counter, "malformed").value == len(BAD_MESSAGES)
+
+
+def test_an_oversized_message_disconnects_its_sender_before_it_is_buffered(make_cloud) -> None:
+    cloud = make_cloud()
+    client = cloud.client()
+    monitor = client.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    client.send(frame(1), b"\0" * (MAX_PAYLOAD_BYTES + HEADER_ROOM + 1))
+    assert monitor.poll(TIMEOUT * 1000), "the sender of an oversized message was not disconnected"
+    assert recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED
+    client.socket.disable_monitor()
+    client.socket.close()
+    assert stored_seqs(cloud.sessions) == []
+    other = cloud.client()  # the ingest goes on for everyone else
+    other.send(frame(2), b"jpeg")
+    assert other.acked(1) == [2]
 
 
 def test_heartbeat_hello_and_event_notifications(make_cloud) -> None:
