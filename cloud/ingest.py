@@ -23,7 +23,7 @@ import re
 import secrets
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +78,7 @@ COUNTS = (
 )
 PERSISTED = frozenset({"malformed", "unauthenticated"})  # refusals also go to the database's Counter rows
 PUBLISH_INTERVAL = 0.1  # seconds between polls of the FilterChange table
+SAVE_INTERVAL = 1.0  # seconds between writes of the refusal counters
 BATCH = 256  # messages handled per loop pass before the acks go out
 HEADER_ROOM = 1024 * 1024  # bytes allowed for any message part but a payload (headers are a few hundred)
 
@@ -113,6 +114,7 @@ class Ingest:
         self.session_id = secrets.token_hex(8)  # the edges see it change when the cloud restarts
         self.counts = dict.fromkeys(COUNTS, 0)
         self._lock = threading.Lock()  # guards counts: the ZAP thread counts refusals
+        self._unsaved: Counter[str] = Counter()  # persisted counts not yet written to the database
         self._logged: set[tuple[str, ...]] = set()  # refusal log lines already written (once per peer and reason)
         self._published = 0  # the last FilterChange version published
         self._publish_failing = False
@@ -151,6 +153,7 @@ class Ingest:
         if self._thread is not None:
             self._thread.join()
         self._close()
+        self._save_counts()
 
     def _close(self) -> None:
         for socket in self._sockets:
@@ -184,11 +187,21 @@ class Ingest:
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counts[name] += n
-        if name in PERSISTED:
+            if name in PERSISTED:
+                self._unsaved[name] += n
+
+    def _save_counts(self) -> None:
+        """Add the refusals counted since the last call to the database counters: one write per counter and
+        interval however many handshakes a flood of unknown keys makes."""
+        with self._lock:
+            unsaved, self._unsaved = self._unsaved, Counter()
+        for name, n in unsaved.items():
             try:
                 self._storage.count(name, n)
             except SQLAlchemyError as exc:
-                log.error("could not add to the %s counter in the database: %s", name, exc)
+                log.error("could not add %d to the %s counter in the database (retrying): %s", n, name, exc)
+                with self._lock:
+                    self._unsaved[name] += n
 
     def _log_once(self, key: tuple[str, ...], message: str, *args: object) -> None:
         """A refused sender usually repeats itself: one log line per (peer, reason) is enough."""
@@ -200,7 +213,7 @@ class Ingest:
 
     def _run(self) -> None:
         self._guarded(self._notify_pending)
-        next_publish = time.monotonic()
+        next_publish = next_save = time.monotonic()
         while not self._stop.is_set():
             wait_ms = math.ceil(max(0.0, next_publish - time.monotonic()) * 1000)
             if self._router.poll(wait_ms):
@@ -208,6 +221,9 @@ class Ingest:
             if time.monotonic() >= next_publish:
                 self._publish_changes()
                 next_publish = time.monotonic() + PUBLISH_INTERVAL
+            if time.monotonic() >= next_save:
+                self._save_counts()
+                next_save = time.monotonic() + SAVE_INTERVAL
 
     def _notify_pending(self) -> None:
         """The notifications a restart left between storing and sending."""

@@ -9,9 +9,11 @@ each message) and its Z85 public key as the `X-Public-Key` property; any other i
 from __future__ import annotations
 
 import logging
+import math
 import re
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 PUBLIC_KEY_PROPERTY = "X-Public-Key"
 _POLL_MS = 100  # how often the handler thread checks for stop()
+NAMED_KEYS = 20  # refused keys named in the log one by one; beyond them, a summary line
+SUMMARY_INTERVAL = 60.0  # seconds between those summary lines
 
 
 class AllowList:
@@ -94,7 +98,9 @@ class ZapHandler:
         self.allow_list = AllowList(folder)
         self._context = context
         self._count = count
-        self._refused_keys: set[bytes] = set()
+        self._refused_keys: set[bytes] = set()  # named in the log already
+        self._unnamed = 0  # refusals since the last summary line
+        self._summarized_at = -math.inf
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -146,7 +152,9 @@ class ZapHandler:
 
     def _refuse(self, request_id: bytes, address: bytes, key: bytes, what: str) -> list[bytes]:
         self._count("unauthenticated")
-        if key not in self._refused_keys:  # once per key: a refused edge retries every few seconds
+        if key in self._refused_keys:  # once per key: a refused edge retries every few seconds
+            pass
+        elif len(self._refused_keys) < NAMED_KEYS:
             self._refused_keys.add(key)
             log.warning(
                 "refused an edge connection from %s with %s: not in the allow-list %s; to allow that edge, copy its "
@@ -155,6 +163,18 @@ class ZapHandler:
                 what,
                 self.allow_list.folder,
             )
+        else:  # a flood of new keys: a summary now and then, not a line (and a remembered key) each
+            self._unnamed += 1
+            now = time.monotonic()
+            if now - self._summarized_at >= SUMMARY_INTERVAL:
+                log.warning(
+                    "refused %d more edge connection(s) with keys not in the allow-list %s (only the first %d keys "
+                    "are named in this log)",
+                    self._unnamed,
+                    self.allow_list.folder,
+                    NAMED_KEYS,
+                )
+                self._unnamed, self._summarized_at = 0, now
         return _reply(request_id, b"400", b"edge key not allowed")
 
 

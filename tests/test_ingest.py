@@ -4,6 +4,7 @@ edge/protocol.py on loopback, plain and with CURVE and the ZAP allow-list."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import socket
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 import zmq
 from sqlalchemy import select
 from support import wait_until
@@ -23,6 +25,7 @@ from cloud.db import Counter, Edge, Event, Filter, FilterChange, StoredFrame, ma
 from cloud.framestore import FrameStore
 from cloud.ingest import HEADER_ROOM, Ingest
 from cloud.storage import Notification, Storage
+from cloud.zap import NAMED_KEYS
 from edge.curve import create_keypair, load_public, make_client
 from edge.protocol import (
     MAX_PAYLOAD_BYTES,
@@ -218,6 +221,12 @@ BAD_MESSAGES = {
 }
 
 
+def saved_count(cloud: Cloud, name: str) -> int:
+    with cloud.sessions() as session:
+        row = session.get(Counter, name)
+        return row.value if row else 0
+
+
 def test_malformed_messages_are_counted_answered_and_ingest_goes_on(make_cloud) -> None:
     cloud = make_cloud()
     with socket.create_connection(("127.0.0.1", cloud.ingest.ports[0])) as raw:  # not even ZMTP
@@ -234,8 +243,7 @@ def test_malformed_messages_are_counted_answered_and_ingest_goes_on(make_cloud) 
     assert client.acked(1) == [1]
     assert stored_seqs(cloud.sessions) == [1]
     assert cloud.ingest.counts["malformed"] == len(BAD_MESSAGES)
-    with cloud.sessions() as session:
-        assert session.get(Counter, "malformed").value == len(BAD_MESSAGES)
+    wait_until(lambda: saved_count(cloud, "malformed") == len(BAD_MESSAGES), "the malformed count in the database")
 
 
 def test_an_oversized_message_disconnects_its_sender_before_it_is_buffered(make_cloud) -> None:
@@ -329,6 +337,37 @@ def test_curve_allowed_edge_is_stored_with_its_key(make_cloud, keys: Keys) -> No
     assert cloud.ingest.counts["unauthenticated"] == 0
 
 
+def test_a_flood_of_unknown_keys_gives_a_few_log_lines_and_counter_writes(
+    make_cloud, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    cloud = make_cloud(keys)
+    writes = []
+    sqlalchemy.event.listen(
+        cloud.engine,
+        "before_cursor_execute",
+        lambda _conn, _cursor, sql, *_: (
+            writes.append(sql) if sql.startswith(("UPDATE counters", "INSERT INTO counters")) else None
+        ),
+    )
+    flood = 3 * NAMED_KEYS
+    with caplog.at_level(logging.WARNING, logger="cloud.zap"):
+        for _ in range(flood):
+            socket = cloud.context.socket(zmq.DEALER)
+            socket.linger = 0
+            socket.curve_publickey, socket.curve_secretkey = zmq.curve_keypair()
+            socket.curve_serverkey = load_public(keys.cloud_public)
+            monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+            socket.connect(f"tcp://127.0.0.1:{cloud.ingest.ports[0]}")
+            assert monitor.poll(TIMEOUT * 1000), "no handshake failure seen"
+            socket.disable_monitor()
+            socket.close()
+        wait_until(lambda: saved_count(cloud, "unauthenticated") == flood, "every refusal counted in the database")
+    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == NAMED_KEYS + 1  # the first keys by name, then one summary line
+    assert "more edge connection(s)" in refusals[-1].getMessage()
+    assert len(writes) < flood / 2  # aggregated: not one write per refused handshake
+
+
 def test_curve_key_not_on_the_allow_list_is_refused_until_added(make_cloud, keys: Keys) -> None:
     secret = keys.edge("edge-2", allowed=False)
     cloud = make_cloud(keys)
@@ -339,8 +378,7 @@ def test_curve_key_not_on_the_allow_list_is_refused_until_added(make_cloud, keys
     assert recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
     assert cloud.ingest.counts["unauthenticated"] >= 1 and cloud.ingest.counts["received"] == 0
     assert stored_seqs(cloud.sessions) == []
-    with cloud.sessions() as session:
-        assert session.get(Counter, "unauthenticated").value >= 1
+    wait_until(lambda: saved_count(cloud, "unauthenticated") >= 1, "the refusal count in the database")
     client.socket.disable_monitor()
 
     keys.allow(keys.folder / "edges" / "edge-2.key", "edge-2")  # no restart: the folder is re-read
