@@ -1,7 +1,9 @@
 """The cloud service: one FastAPI app (REST API, web page, /metrics, /healthz) that also runs the ZeroMQ ingest.
 
-`create_app(config)` only describes the app; its lifespan opens the database, starts the ingest, the
-notifier and the retention sweeps, and stops them again in reverse order when the server shuts down.
+`start_services(config, stack)` opens the database, starts the ingest, the notifier and the retention sweeps
+(and the stack stops them in reverse order); a configuration the host cannot honour (a data_dir that cannot be
+created, a database that cannot be opened, missing keys) is one FilterForwardError line, before the HTTP server
+starts. `create_app(config, services)` describes the app over those parts.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import text
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from cloud import retention
@@ -35,6 +37,7 @@ from cloud.routers import edges, events, filters, stats
 from cloud.schemas import Health
 from cloud.storage import Storage
 from models.bundle import validation_summary
+from models.errors import FilterForwardError
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +59,11 @@ class Services:
     metrics: CollectorRegistry
 
 
-def create_app(config: CloudConfig) -> FastAPI:
+def create_app(config: CloudConfig, services: Services) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        with ExitStack() as stack:
-            app.state.services = start_services(config, stack)
-            yield
-            log.info("cloud service stopping")
+        yield
+        log.info("cloud service stopping")
 
     app = FastAPI(
         title="FilterForward cloud",
@@ -71,6 +72,7 @@ def create_app(config: CloudConfig) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.config = config
+    app.state.services = services
     for module in (filters, edges, events, stats):
         app.include_router(module.router, prefix="/api")
     app.add_exception_handler(RegistryError, _registry_error)
@@ -84,7 +86,13 @@ def create_app(config: CloudConfig) -> FastAPI:
 
 def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     """Open and start every part; `stack` closes them in reverse order (also when a later part fails)."""
-    engine = make_engine(config.db_url)
+    try:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FilterForwardError(
+            f"cannot create data_dir {config.data_dir} ({exc.strerror}): pick a folder this user can write"
+        ) from None
+    engine = _open_database(config.db_url)
     stack.callback(engine.dispose)
     sessions = session_factory(engine)
     store = FrameStore(config.data_dir / "frames")
@@ -103,6 +111,20 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     metrics_registry.register(ServiceCollector(sessions, config, counts))
     registry = Registry(sessions, config.max_upload_bytes)
     return Services(engine, sessions, store, storage, registry, notifier, ingest, metrics_registry)
+
+
+def _open_database(url: str) -> Engine:
+    try:
+        return make_engine(url)
+    except (SQLAlchemyError, OSError) as exc:
+        try:
+            shown = make_url(url).render_as_string(hide_password=True)
+        except ArgumentError:
+            shown = "(unparsable)"
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise FilterForwardError(
+            f"cannot open the database {shown} ({reason}): check database_url and that the database server is up"
+        ) from None
 
 
 def _start_retention(

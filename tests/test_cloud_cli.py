@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -13,6 +14,8 @@ import httpx
 import pytest
 from cloud_server import REPO, write_config
 from support import free_port
+
+from filterforward.cli import main
 
 GOOD_ZMQ = "zmq: {insecure: true, ingest_port: 15555, publish_port: 15556}\n"
 TOKENS = "tokens: [{name: ops, token: a-token-of-sixteen-chars}]\n"
@@ -61,16 +64,41 @@ def test_a_bad_port_option(tmp_path: Path) -> None:
     assert "'70000' is not a TCP port (1-65535)" in result.stderr
 
 
-def test_a_port_in_use_stops_the_start_with_exit_code_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("settings", "detail"),
+    [
+        ({"zmq": {"ingest_port": "BUSY"}}, "cannot bind zmq.ingest_port to tcp://127.0.0.1:BUSY"),
+        ({"port": "BUSY"}, "cannot listen on 127.0.0.1:BUSY (Address already in use): pick a free port"),
+        ({"data_dir": "/proc/no-such/data"}, "cannot create data_dir /proc/no-such/data (No such file or directory)"),
+        (
+            {"database_url": "postgresql+psycopg://ff:hunter2@127.0.0.1:1/ff"},
+            "cannot open the database postgresql+psycopg://ff:***@127.0.0.1:1/ff (connection failed",
+        ),
+        ({"database_url": "nosuchdb://x"}, "cannot open the database nosuchdb://x (Can't load plugin"),
+        (
+            {"zmq": {"insecure": False, "secret_key": "KEYS/cloud.key_secret", "edge_keys": "KEYS/absent"}},
+            "zmq.edge_keys folder KEYS/absent does not exist",
+        ),
+        (
+            {"zmq": {"insecure": False, "secret_key": "KEYS/absent.key_secret", "edge_keys": "KEYS"}},
+            "key file KEYS/absent.key_secret does not exist",
+        ),
+    ],
+    ids=["zmq port in use", "http port in use", "data_dir", "database down", "database url", "edge_keys", "secret"],
+)
+def test_what_the_host_cannot_honour_is_one_line_and_exit_code_2(tmp_path: Path, settings: dict, detail: str) -> None:
+    keys = tmp_path / "keys"
+    assert main(["keys", "create", "cloud", "--dir", str(keys)]) == 0
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        port = taken.getsockname()[1]
-        result = serve("--config", str(write_config(tmp_path, zmq={"ingest_port": port})))
-    assert result.returncode == 2
+        busy = str(taken.getsockname()[1])
+        text = json.dumps(settings).replace('"BUSY"', busy).replace("KEYS", str(keys))
+        result = serve("--config", str(write_config(tmp_path, **json.loads(text))))
+    assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
-    assert lines[-1] == "filterforward cloud: error: the cloud service did not start: see the error logged above"
-    assert f"cannot bind zmq.ingest_port to tcp://127.0.0.1:{port}" in result.stderr
+    assert len(lines) == 1, result.stderr  # no traceback, no half-started service
+    assert detail.replace("BUSY", busy).replace("KEYS", str(keys)) in lines[0]
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

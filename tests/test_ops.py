@@ -445,7 +445,7 @@ def event_start(seq: int) -> EventHeader:
 
 def frame(seq: int) -> FrameHeader:
     return FrameHeader(
-        edge=EDGE, run="r1", seq=seq, camera=CAMERA, frame=seq, timestamp=seq / 10, wall_time=1.7e9 + seq, scores={}
+        edge=EDGE, run="r1", seq=seq, camera=CAMERA, frame=seq, timestamp=0.1, wall_time=1.7e9, scores={}
     )
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import socket
+from contextlib import ExitStack
 from pathlib import Path
 
 from models.errors import FilterForwardError
@@ -36,19 +39,32 @@ def serve(args: argparse.Namespace) -> int:
     config = config.model_copy(update=overrides)
     import uvicorn
 
-    from cloud.app import create_app
+    from cloud.app import create_app, start_services
 
-    log.info("cloud service at http://%s:%d (API docs at /docs)", config.host, config.port)
-    # uvicorn handles SIGINT/SIGTERM while it runs (stops accepting, finishes open requests, runs the app's
-    # shutdown), then raises the signal again under the handlers it found: these absorb it, so a clean
-    # shutdown exits with 0 rather than as killed.
-    for handled in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(handled, lambda *_: None)
-    try:
-        uvicorn.run(create_app(config), host=config.host, port=config.port, log_config=None, access_log=False)
-    except SystemExit:  # how uvicorn reports a failed start (e.g. a port in use), after logging why
-        raise FilterForwardError("the cloud service did not start: see the error logged above") from None
+    with ExitStack() as stack:  # the ingest, notifier and sweeps stop after the HTTP server
+        listening = stack.enter_context(_listen(config.host, config.port))
+        services = start_services(config, stack)
+        log.info("cloud service at http://%s:%d (API docs at /docs)", config.host, config.port)
+        # uvicorn handles SIGINT/SIGTERM while it runs (stops accepting, finishes open requests, runs the app's
+        # shutdown), then raises the signal again under the handlers it found: these absorb it, so a clean
+        # shutdown exits with 0 rather than as killed.
+        for handled in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(handled, lambda *_: None)
+        server = uvicorn.Server(uvicorn.Config(create_app(config, services), log_config=None, access_log=False))
+        server.run(sockets=[listening])
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The HTTP server's socket, bound before anything starts: a port in use is one line, not a failed start."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise FilterForwardError(
+            f"cannot listen on {host}:{port} ({reason}): pick a free port (port, or --port) or stop what is using it"
+        ) from None
 
 
 def _port(text: str) -> int:
