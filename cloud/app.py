@@ -96,6 +96,7 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     stack.callback(engine.dispose)
     sessions = session_factory(engine)
     store = FrameStore(config.data_dir / "frames")
+    retention.clean_orphans(store, older_than=0)  # nothing writes yet: every temporary file is an orphan
     storage = Storage(sessions, store, config.base_url)
     notifier = Notifier(config)
     stack.callback(notifier.close)  # after the ingest stops: flushes what it queued

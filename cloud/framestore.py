@@ -12,12 +12,14 @@ import errno
 import os
 import re
 import tempfile
+import time
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from models.errors import FilterForwardError
 
 KINDS = ("frames", "clips")
+TEMPORARY = ".tmp-"  # prefix of a payload being written; renamed to its name when complete
 MAX_PART = 100  # characters per path part; ids are at most 64, event-derived names stay well below
 
 
@@ -61,7 +63,7 @@ class FrameStore:
     @staticmethod
     def _write_atomically(target: Path, data: bytes) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=TEMPORARY)
         try:
             with os.fdopen(fd, "wb") as file:
                 file.write(data)
@@ -96,8 +98,24 @@ class FrameStore:
             (Path(folder) / name).stat().st_size
             for folder, _dirs, names in os.walk(self.root)
             for name in names
-            if not name.startswith(".tmp-")
+            if not name.startswith(TEMPORARY)
         )
+
+    def remove_orphans(self, older_than: float) -> tuple[int, int]:
+        """Delete the temporary files of writes that never finished (the process was killed mid-write), last
+        modified more than `older_than` seconds ago; returns (files, bytes) removed."""
+        cutoff, files, freed = time.time() - older_than, 0, 0
+        for folder, _dirs, names in os.walk(self.root):
+            for name in (n for n in names if n.startswith(TEMPORARY)):
+                path = Path(folder) / name
+                try:
+                    info = path.stat()
+                    if info.st_mtime <= cutoff:
+                        path.unlink()
+                        files, freed = files + 1, freed + info.st_size
+                except FileNotFoundError:  # its write finished (renamed) or failed (removed) meanwhile
+                    continue
+        return files, freed
 
     def _inside(self, relative: str) -> Path:
         """`relative` resolved under the root, or FilterForwardError if it is not a plain path inside it."""

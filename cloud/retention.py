@@ -26,6 +26,7 @@ EVERY = true()  # the condition every row meets
 # An edge resends a message only until the cloud acks it, so its (edge, seq) key is needed for duplicates a
 # few outages long at most; older keys are pruned so the table does not grow for ever.
 RECEIVED_KEEP = timedelta(days=7)
+ORPHAN_AGE = 3600.0  # seconds: a payload write takes well under one; a file still unfinished after this was cut off
 FRAMES, CLIPS, EVENTS, BYTES = (
     "retention_frames_deleted",
     "retention_clips_deleted",
@@ -48,6 +49,7 @@ def sweep(
 ) -> dict[str, int]:
     """One retention pass; returns (and adds to the persistent counters) what it deleted."""
     tally = dict.fromkeys((FRAMES, CLIPS, EVENTS, BYTES), 0)
+    clean_orphans(store, ORPHAN_AGE)
     if max_age_days is not None:
         cutoff = utcnow() - timedelta(days=max_age_days)
         while batch := _oldest(sessions, StoredFrame.received_at < cutoff, Event.ended_at < cutoff):
@@ -69,6 +71,13 @@ def sweep(
             max_bytes,
         )
     return tally
+
+
+def clean_orphans(store: FrameStore, older_than: float) -> None:
+    """Remove the files of payload writes a killed process left unfinished (0: all of them, at start-up)."""
+    files, freed = store.remove_orphans(older_than)
+    if files:
+        log.warning("removed %d unfinished payload file(s) (%d bytes) left by an interrupted write", files, freed)
 
 
 def _oldest(

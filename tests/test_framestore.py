@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,16 @@ def test_delete_returns_bytes_freed(store: FrameStore) -> None:
     assert store.delete(relative) == 5
     assert store.delete(relative) == 0
     assert store.total_bytes() == 0
+
+
+def test_unfinished_writes_of_a_killed_process_are_removed_once_old(store: FrameStore) -> None:
+    relative = store.write("frames", "edge-1", "gate", "1.jpg", b"kept")
+    folder = (store.root / relative).parent
+    stale, fresh = folder / ".tmp-killed", folder / ".tmp-writing"
+    stale.write_bytes(b"x" * 1000)
+    fresh.write_bytes(b"y" * 10)
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))  # left by a process killed two hours ago
+    assert store.remove_orphans(older_than=3600) == (1, 1000)
+    assert not stale.exists() and fresh.exists()  # a write in progress is left alone
+    assert store.remove_orphans(older_than=0) == (1, 10)  # at start-up nothing is writing: all are orphans
+    assert store.open_path(relative).read_bytes() == b"kept"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -30,7 +32,7 @@ from cloud.db import (
     utcnow,
 )
 from cloud.framestore import FrameStore
-from cloud.retention import sweep
+from cloud.retention import ORPHAN_AGE, sweep
 from cloud.storage import Message, Notification, Storage
 from edge.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
 
@@ -451,8 +453,12 @@ def test_retention_by_age_deletes_old_frames_clips_and_emptied_events(
     [old] = rows(sessions, Event, Event.uid.endswith("/old"))
     age(sessions, Event, "ended_at", [old.id], days=40)
     store.delete(f"frames/{EDGE}/{CAMERA}/{RUN}-5.jpg")
+    orphan = store.root / "frames" / EDGE / CAMERA / ".tmp-killed-mid-write"
+    orphan.write_bytes(b"g" * 10)
+    os.utime(orphan, (time.time() - 2 * ORPHAN_AGE, time.time() - 2 * ORPHAN_AGE))
 
     tally = sweep(sessions, store, max_age_days=30, max_bytes=None)
+    assert not orphan.exists()
 
     assert tally == {
         "retention_frames_deleted": 3,
