@@ -293,7 +293,7 @@ class Ingest:
                 batch.heartbeats.append((identity, edge))
             case Hello():
                 public_key = None if self._config.insecure else _property(frame, PUBLIC_KEY_PROPERTY)
-                self._storage.edge_hello(edge, header, public_key)
+                self._hand_out(self._storage.edge_hello(edge, header, public_key))
             case Stats():
                 self._storage.edge_stats(edge, header)
             case SnapshotRequest():

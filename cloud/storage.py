@@ -180,6 +180,25 @@ def _merge_event(event: Event, header: EventHeader, clip: str | None, clip_size:
         event.clip_path, event.clip_size = clip, clip_size
 
 
+def _close_abandoned(session: Session, edge: str, run: str) -> list[int]:
+    """Close the open events of the edge's runs other than `run` at their last stored frame (or their start);
+    returns their ids. A late end message from that run still overwrites these guesses with the real end."""
+    abandoned = session.scalars(
+        select(Event).where(Event.edge_id == edge, Event.run != run, Event.ended_at.is_(None))
+    ).all()
+    for event in abandoned:
+        last = session.execute(
+            select(StoredFrame.frame_index, StoredFrame.stream_time, StoredFrame.captured_at)
+            .join(EventFrame, EventFrame.frame_id == StoredFrame.id)
+            .where(EventFrame.event_uid == event.uid)
+            .order_by(StoredFrame.frame_index.desc())
+            .limit(1)
+        ).first()
+        end = last or (event.start_frame, event.start_time, event.started_at)
+        event.end_frame, event.end_time, event.ended_at = end
+    return [event.id for event in abandoned]
+
+
 class Storage:
     """Thread-safe: each call runs in its own session. `counts`: messages stored and duplicates seen (this process)."""
 
@@ -323,10 +342,12 @@ class Storage:
         """Every notification due and never marked sent (a restart cut in between storing and sending)."""
         return self._due_where(not_(Event.start_notified) | (Event.ended_at.is_not(None) & not_(Event.end_notified)))
 
-    def edge_hello(self, edge: str, hello: Hello, public_key: str | None) -> None:
-        """Records an edge's (re)start: its run, filter version, key and camera list (cameras it dropped go)."""
+    def edge_hello(self, edge: str, hello: Hello, public_key: str | None) -> list[Notification]:
+        """Records an edge's (re)start: its run, filter version, key and camera list (cameras it dropped go).
+        Events its earlier runs left open are closed (a killed edge never sends their ends): their end
+        notifications are returned."""
 
-        def work(session: Session) -> None:
+        def work(session: Session) -> list[int]:
             now = utcnow()
             row = _get_or_add(session, Edge, edge, id=edge)
             row.run, row.filters_version, row.last_seen = hello.run, hello.filters_version, now
@@ -337,8 +358,12 @@ class Storage:
                     session.delete(camera)
             for name in hello.cameras:
                 _get_or_add(session, Camera, (edge, name), edge_id=edge, name=name).last_seen = now
+            return _close_abandoned(session, edge, hello.run)
 
-        transact(self._sessions, work)
+        closed = transact(self._sessions, work)
+        if closed:
+            log.info("edge %s restarted: closed %d event(s) its earlier run left open", edge, len(closed))
+        return self._due_where(Event.id.in_(closed)) if closed else []
 
     def edge_seen(self, edge: str) -> None:
         self.edges_seen([edge])

@@ -521,3 +521,23 @@ def test_retention_prunes_old_dedup_keys_and_tolerates_an_empty_store(
         "retention_bytes_deleted": 0,
     }
     assert [r.seq for r in rows(sessions, Received)] == [2]
+
+
+def test_a_restarted_edge_closes_the_events_its_killed_run_left_open(storage: Storage, sessions: sessionmaker) -> None:
+    storage.edge_hello(EDGE, Hello(edge=EDGE, run=RUN, cameras=[CAMERA]), None)
+    storage.store_event(EDGE, event(1, "start", "cut-off"), b"")
+    storage.store_event(EDGE, event(2, "start", "never-framed", start=50), b"")
+    storage.store_frame(EDGE, frame(3, "cut-off", index=12), b"a")
+    storage.store_frame(EDGE, frame(4, "cut-off", index=14), b"b")
+    # kill -9: no end message ever comes. The next run says hello:
+    closed = storage.edge_hello(EDGE, Hello(edge=EDGE, run="run-2", cameras=[CAMERA]), None)
+    assert phases(closed) == [("end", "cut-off")]  # "never-framed" had no frame: it was never announced
+    ends = {e.uid.rsplit("/", 1)[1]: (e.end_frame, e.end_time, as_utc(e.ended_at)) for e in rows(sessions, Event)}
+    assert ends["cut-off"] == (14, 1.4, datetime.fromtimestamp(T0 + 1.4, UTC))  # at its last stored frame
+    assert ends["never-framed"] == (50, 5.0, datetime.fromtimestamp(T0 + 5.0, UTC))  # at its start
+    assert storage.edge_hello(EDGE, Hello(edge=EDGE, run="run-2", cameras=[CAMERA]), None) == []  # once
+
+    late_end = storage.store_event(EDGE, event(6, "end", "cut-off"), b"")  # resent from the old run's spool
+    assert phases(late_end) == []  # its end went out already
+    [cut] = rows(sessions, Event, Event.uid.endswith("/cut-off"))
+    assert (cut.end_frame, cut.end_time) == (30, 3.0)  # the real end replaces the guess
