@@ -6,6 +6,7 @@ and frame store (SQLite and PostgreSQL).
 
 from __future__ import annotations
 
+import base64
 import io
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -216,6 +217,20 @@ def test_pagination_covers_every_event_once(scene: Scene) -> None:
     assert uids(first) + uids(second) == ["e8", "e7", "e5", "e4"]
 
 
+def cursor_of(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "path", ["/api/events/{}", "/api/events/{}/frames", "/api/events/{}/clip.mp4", "/api/frames/{}.jpg"]
+)
+def test_ids_beyond_64_bits_are_refused(scene: Scene, path: str) -> None:
+    with scene.server.client(READ_ONLY) as client:
+        response = client.get(path.format(2**63))
+    assert response.status_code == 422
+    assert "less than or equal to 9223372036854775807" in response.json()["detail"]
+
+
 @pytest.mark.parametrize(
     ("params", "status", "detail"),
     [
@@ -225,9 +240,17 @@ def test_pagination_covers_every_event_once(scene: Scene) -> None:
         ({"until": "2024-13-01"}, 400, "until='2024-13-01' is not an ISO 8601 time"),
         ({"limit": 0}, 422, "query.limit"),
         ({"limit": 501}, 422, "query.limit"),
+        ({"cursor": cursor_of('["2024-01-01T00:00:00+00:00", 9223372036854775808]')}, 400, "cursor is not one"),
+        ({"cursor": cursor_of('["2024-01-01T00:00:00+00:00", 1e400]')}, 400, "cursor is not one"),
+        ({"cursor": cursor_of('["0001-01-01T00:00:00+01:00", 5]')}, 400, "cursor is not one"),
+        ({"since": "0001-01-01T00:00:00+01:00"}, 400, "is outside years 1-9999 in UTC"),
+        ({"until": "9999-12-31T23:59:59-01:00"}, 400, "is outside years 1-9999 in UTC"),
     ],
-    ids=["garbage cursor", "forged cursor", "bad since", "bad until", "limit 0", "limit 501"],
-)
+    ids=[
+        "garbage cursor", "forged cursor", "bad since", "bad until", "limit 0", "limit 501",
+        "cursor id past 2^63", "cursor id 1e400", "cursor near year 1", "since near year 1", "until near year 9999",
+    ],
+)  # fmt: skip
 def test_bad_queries_are_refused(scene: Scene, params: dict, status: int, detail: str) -> None:
     with scene.server.client(READ_ONLY) as client:
         response = client.get("/api/events", params=params)

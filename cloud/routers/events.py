@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, status
 from fastapi.responses import FileResponse
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
@@ -40,6 +40,8 @@ _thumbnail = (
     .correlate(Event)
 ).scalar_subquery()
 EVENT_ROWS = select(Event, _frame_count, _thumbnail)
+MAX_ROW_ID = 2**63 - 1  # ids are 64-bit integers in the database
+RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="an id from this API's answers")]
 
 
 @router.get("/events")
@@ -74,7 +76,7 @@ def list_events(
 
 
 @router.get("/events/{event_id}")
-def get_event(event_id: int, session: SessionDep) -> EventOut:
+def get_event(event_id: RowId, session: SessionDep) -> EventOut:
     row = session.execute(EVENT_ROWS.where(Event.id == event_id)).first()
     if row is None:
         raise _no_event(event_id)
@@ -82,7 +84,7 @@ def get_event(event_id: int, session: SessionDep) -> EventOut:
 
 
 @router.get("/events/{event_id}/frames")
-def event_frames(event_id: int, session: SessionDep) -> list[FrameOut]:
+def event_frames(event_id: RowId, session: SessionDep) -> list[FrameOut]:
     """The event's stored frames in stream order."""
     return [
         FrameOut(
@@ -102,7 +104,7 @@ def event_frames(event_id: int, session: SessionDep) -> list[FrameOut]:
     response_class=Response,
     responses={200: {"content": {"image/jpeg": {}}, "description": "the frame as sent by the edge"}},
 )
-def frame_image(frame_id: int, session: SessionDep, store: StoreDep) -> Response:
+def frame_image(frame_id: RowId, session: SessionDep, store: StoreDep) -> Response:
     frame = session.get(StoredFrame, frame_id)
     if frame is None or frame.path is None:
         raise not_found(f"frame {frame_id} has no stored image (unknown, sent without one, or removed by retention)")
@@ -118,7 +120,7 @@ def frame_image(frame_id: int, session: SessionDep, store: StoreDep) -> Response
     response_class=Response,
     responses={200: {"content": {"video/mp4": {}}, "description": "the edge's clip, or one made from its frames"}},
 )
-def event_clip(event_id: int, session: SessionDep, store: StoreDep) -> Response:
+def event_clip(event_id: RowId, session: SessionDep, store: StoreDep) -> Response:
     event = _event(session, event_id)
     if event.clip_path is not None:
         try:
@@ -141,6 +143,8 @@ def parse_time(name: str, value: str) -> datetime:
         raise _bad_request(
             f"{name}={value!r} is not an ISO 8601 time: use e.g. 2024-05-01T12:00:00Z (URL-encode a '+' offset)"
         ) from None
+    except OverflowError:  # a time near year 1 or 9999 whose offset takes it out of range in UTC
+        raise _bad_request(f"{name}={value!r} is outside years 1-9999 in UTC: use a time within them") from None
 
 
 def encode_cursor(last: EventOut) -> str:
@@ -151,8 +155,10 @@ def encode_cursor(last: EventOut) -> str:
 def decode_cursor(cursor: str) -> tuple[datetime, int]:
     try:
         started_at, event_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        return as_utc(datetime.fromisoformat(started_at)), int(event_id)
-    except (binascii.Error, ValueError, TypeError):  # JSON and unpacking errors are ValueErrors or TypeErrors
+        if not isinstance(event_id, int) or not 0 <= event_id <= MAX_ROW_ID:
+            raise ValueError("not an event id")
+        return as_utc(datetime.fromisoformat(started_at)), event_id
+    except (binascii.Error, ValueError, TypeError, OverflowError):  # JSON and unpacking errors included
         raise _bad_request(
             "cursor is not one this API returned: pass next_cursor of the previous page unchanged"
         ) from None
