@@ -34,7 +34,7 @@ from cloud.metrics import ServiceCollector
 from cloud.notify import Notifier
 from cloud.registry import Registry, RegistryError
 from cloud.routers import edges, events, filters, stats
-from cloud.schemas import Health
+from cloud.schemas import Health, errors
 from cloud.storage import Storage
 from models.bundle import validation_summary
 from models.errors import FilterForwardError
@@ -77,7 +77,7 @@ def create_app(config: CloudConfig, services: Services) -> FastAPI:
         app.include_router(module.router, prefix="/api")
     app.add_exception_handler(RegistryError, _registry_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_api_route("/healthz", healthz, methods=["GET"], tags=["service"])
+    app.add_api_route("/healthz", healthz, methods=["GET"], tags=["service"], responses=errors(503))
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["service"], response_class=Response)
     app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
     app.mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static")

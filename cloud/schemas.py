@@ -13,6 +13,29 @@ from models.filterspec import FilterSpec
 UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
 
 
+class ErrorOut(BaseModel):
+    """Every refusal (4xx, 5xx): one line saying what is wrong and what to do about it."""
+
+    detail: str
+
+
+_REASONS = {
+    400: "a parameter or the body is malformed; the detail says what to change",
+    401: "no bearer token, or one this cloud does not know",
+    403: "the token lacks the scope (read or write) this operation needs",
+    404: "no such resource (or its payload was removed by retention)",
+    409: "conflicts with the current state (a name taken, a version exhausted)",
+    413: "the upload is over the size limit",
+    422: "a parameter or the body breaks the schema; the detail names it",
+    503: "the database is unreachable or busy: retry",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these refusal codes, all with the ErrorOut body."""
+    return {code: {"model": ErrorOut, "description": _REASONS[code]} for code in codes}
+
+
 class FilterOut(BaseModel):
     name: str
     spec: FilterSpec

@@ -215,6 +215,7 @@ def test_pagination_covers_every_event_once(scene: Scene) -> None:
     first = get(scene, "/api/events", filter="red", limit=2)
     second = get(scene, "/api/events", filter="red", limit=2, cursor=first["next_cursor"])
     assert uids(first) + uids(second) == ["e8", "e7", "e5", "e4"]
+    assert get(scene, "/api/events", filter="red", limit=2, cursor="") == first  # an empty cursor: the first page
 
 
 def cursor_of(text: str) -> str:

@@ -363,9 +363,23 @@ def test_open_endpoints_and_docs(cloud: CloudServer) -> None:
     with cloud.client(token=None) as client:
         assert client.get("/healthz").json() == {"status": "ok"}
         assert client.get("/docs").status_code == 200
-        paths = client.get("/openapi.json").json()["paths"]
+        document = client.get("/openapi.json").json()
+        paths = document["paths"]
         assert {"/api/filters", "/api/filters/{name}", "/api/filters/{name}/model", "/api/events"} <= set(paths)
         assert "/static" not in paths
+        # Every refusal the API can answer under /api is documented with the one-line body it really has.
+        assert document["components"]["schemas"]["ErrorOut"]["properties"] == {
+            "detail": {"title": "Detail", "type": "string"}
+        }
+        assert "HTTPValidationError" not in document["components"]["schemas"]
+        for path, operations in paths.items():
+            for method, operation in operations.items():
+                if path.startswith("/api/"):
+                    assert {"401", "403", "422"} <= set(operation["responses"]), (method, path)
+                for code, response in operation["responses"].items():
+                    if code.startswith(("4", "5")):
+                        schema = response["content"]["application/json"]["schema"]
+                        assert schema == {"$ref": "#/components/schemas/ErrorOut"}, (method, path, code)
         page = client.get("/")
         assert page.status_code == 200
         assert page.headers["content-type"].startswith("text/html")

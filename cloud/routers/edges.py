@@ -12,9 +12,9 @@ from cloud.auth import require
 from cloud.db import Camera, Edge, as_utc
 from cloud.metrics import online_cutoff
 from cloud.routers import ConfigDep, SessionDep, not_found
-from cloud.schemas import CameraOut, EdgeOut
+from cloud.schemas import CameraOut, EdgeOut, errors
 
-router = APIRouter(tags=["edges"], dependencies=[Depends(require("read"))])
+router = APIRouter(tags=["edges"], dependencies=[Depends(require("read"))], responses=errors(400, 401, 403, 404, 422))
 
 
 @router.get("/edges")

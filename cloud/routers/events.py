@@ -23,10 +23,10 @@ from cloud.clips import encode_clip
 from cloud.db import Event, EventFrame, StoredFrame, as_utc
 from cloud.framestore import FrameStore
 from cloud.routers import SessionDep, StoreDep, not_found
-from cloud.schemas import EventOut, EventPage, FrameOut
+from cloud.schemas import EventOut, EventPage, FrameOut, errors
 from models.errors import FilterForwardError
 
-router = APIRouter(tags=["events"], dependencies=[Depends(require("read"))])
+router = APIRouter(tags=["events"], dependencies=[Depends(require("read"))], responses=errors(400, 401, 403, 404, 422))
 
 _frame_count = (
     select(func.count()).select_from(EventFrame).where(EventFrame.event_uid == Event.uid).correlate(Event)
@@ -53,7 +53,7 @@ def list_events(
     since: Annotated[str | None, Query(description="ISO 8601; events that started at or after it")] = None,
     until: Annotated[str | None, Query(description="ISO 8601; events that started before it")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(description="next_cursor of the previous page")] = None,
+    cursor: Annotated[str | None, Query(description="next_cursor of the previous page (empty: the first page)")] = None,
 ) -> EventPage:
     """Events, newest first, optionally by filter, camera, edge and start-time range."""
     query: Select = EVENT_ROWS
@@ -64,7 +64,7 @@ def list_events(
         query = query.where(Event.started_at >= parse_time("since", since))
     if until is not None:
         query = query.where(Event.started_at < parse_time("until", until))
-    if cursor is not None:
+    if cursor:  # empty: the first page
         started_at, event_id = decode_cursor(cursor)
         query = query.where(
             or_(Event.started_at < started_at, and_(Event.started_at == started_at, Event.id < event_id))

@@ -13,7 +13,7 @@ from cloud.auth import require
 from cloud.db import Filter
 from cloud.registry import Registry, RegistryError, parse_spec, too_big
 from cloud.routers import RegistryDep
-from cloud.schemas import FilterOut
+from cloud.schemas import FilterOut, errors
 
 # Room for the spec field and the multipart framing around the model in an upload's body.
 FORM_OVERHEAD = 256 * 1024
@@ -59,7 +59,12 @@ def _body_too_big(size: int, max_upload: int) -> HTTPException:
     )
 
 
-router = APIRouter(prefix="/filters", tags=["filters"], route_class=UploadLimitRoute)
+router = APIRouter(
+    prefix="/filters",
+    tags=["filters"],
+    route_class=UploadLimitRoute,
+    responses=errors(400, 401, 403, 404, 409, 413, 422, 503),
+)
 Reader = Depends(require("read"))
 Writer = Depends(require("write"))
 

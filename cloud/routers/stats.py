@@ -7,9 +7,9 @@ from fastapi import APIRouter, Depends
 from cloud.auth import require
 from cloud.metrics import service_stats
 from cloud.routers import ConfigDep, SessionDep
-from cloud.schemas import StatsOut
+from cloud.schemas import StatsOut, errors
 
-router = APIRouter(tags=["stats"], dependencies=[Depends(require("read"))])
+router = APIRouter(tags=["stats"], dependencies=[Depends(require("read"))], responses=errors(401, 403, 422))
 
 
 @router.get("/stats")
