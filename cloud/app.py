@@ -18,12 +18,14 @@ from pathlib import Path
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
+from starlette.routing import Match
 
 from cloud import retention
 from cloud.config import CloudConfig
@@ -77,6 +79,7 @@ def create_app(config: CloudConfig, services: Services) -> FastAPI:
         app.include_router(module.router, prefix="/api")
     app.add_exception_handler(RegistryError, _registry_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["service"], responses=errors(503))
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["service"], response_class=Response)
     app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
@@ -180,6 +183,15 @@ def index() -> Response:
 async def _registry_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RegistryError)
     return JSONResponse({"detail": str(exc)}, exc.status)
+
+
+async def _method_not_allowed(request: Request, _exc: Exception) -> JSONResponse:
+    """405 with the methods of every route of the path in Allow (Starlette names only the first route's, and each
+    method here is a route of its own)."""
+    routes = [r for r in request.app.routes if isinstance(r, APIRoute) and r.matches(request.scope)[0] != Match.NONE]
+    allowed = sorted({method for route in routes for method in route.methods})
+    detail = f"{request.method} is not allowed on {request.url.path}: use {', '.join(allowed)}"
+    return JSONResponse({"detail": detail}, status.HTTP_405_METHOD_NOT_ALLOWED, headers={"Allow": ", ".join(allowed)})
 
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, status
 from fastapi.responses import FileResponse
+from pydantic import BeforeValidator
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
@@ -40,6 +42,17 @@ _thumbnail = (
     .correlate(Event)
 ).scalar_subquery()
 EVENT_ROWS = select(Event, _frame_count, _thumbnail)
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _not_a_number(value: object) -> object:
+    """Pydantic would read a bare number as a unix time; the API takes ISO 8601 times only, as documented."""
+    if isinstance(value, str) and NUMBER.fullmatch(value.strip()):
+        raise ValueError("use an ISO 8601 time such as 2024-05-01T12:00:00Z, not a number")
+    return value
+
+
+IsoTime = Annotated[datetime, BeforeValidator(_not_a_number)]
 MAX_ROW_ID = 2**63 - 1  # ids are 64-bit integers in the database
 RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="an id from this API's answers")]
 
@@ -50,8 +63,8 @@ def list_events(
     filter_name: Annotated[str | None, Query(alias="filter", description="filter name")] = None,
     camera: str | None = None,
     edge: str | None = None,
-    since: Annotated[str | None, Query(description="ISO 8601; events that started at or after it")] = None,
-    until: Annotated[str | None, Query(description="ISO 8601; events that started before it")] = None,
+    since: Annotated[IsoTime | None, Query(description="ISO 8601; events that started at or after it")] = None,
+    until: Annotated[IsoTime | None, Query(description="ISO 8601; events that started before it")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(description="next_cursor of the previous page (empty: the first page)")] = None,
 ) -> EventPage:
@@ -61,9 +74,9 @@ def list_events(
         if value is not None:
             query = query.where(column == value)
     if since is not None:
-        query = query.where(Event.started_at >= parse_time("since", since))
+        query = query.where(Event.started_at >= in_utc("since", since))
     if until is not None:
-        query = query.where(Event.started_at < parse_time("until", until))
+        query = query.where(Event.started_at < in_utc("until", until))
     if cursor:  # empty: the first page
         started_at, event_id = decode_cursor(cursor)
         query = query.where(
@@ -136,15 +149,14 @@ def event_clip(event_id: RowId, session: SessionDep, store: StoreDep) -> Respons
         raise not_found(f"event {event_id}: {exc}") from None
 
 
-def parse_time(name: str, value: str) -> datetime:
+def in_utc(name: str, value: datetime) -> datetime:
+    """A query's time in UTC (without an offset it is taken as UTC)."""
     try:
-        return as_utc(datetime.fromisoformat(value))
-    except ValueError:
-        raise _bad_request(
-            f"{name}={value!r} is not an ISO 8601 time: use e.g. 2024-05-01T12:00:00Z (URL-encode a '+' offset)"
-        ) from None
+        return as_utc(value)
     except OverflowError:  # a time near year 1 or 9999 whose offset takes it out of range in UTC
-        raise _bad_request(f"{name}={value!r} is outside years 1-9999 in UTC: use a time within them") from None
+        raise _bad_request(
+            f"{name}={value.isoformat()} is outside years 1-9999 in UTC: use a time within them"
+        ) from None
 
 
 def encode_cursor(last: EventOut) -> str:

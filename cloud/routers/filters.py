@@ -71,7 +71,7 @@ Writer = Depends(require("write"))
 
 @router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Writer])
 def create_filter(
-    spec: Annotated[str, Form(description=SPEC_HELP)],
+    spec: Annotated[str, Form(min_length=1, description=SPEC_HELP)],
     model: Annotated[UploadFile, File(description="the MC's ONNX model")],
     registry: RegistryDep,
 ) -> FilterOut:
@@ -107,7 +107,7 @@ def get_model(name: str, registry: RegistryDep) -> Response:
 @router.put("/{name}", dependencies=[Writer])
 def update_filter(
     name: str,
-    spec: Annotated[str, Form(description=SPEC_HELP)],
+    spec: Annotated[str, Form(min_length=1, description=SPEC_HELP)],
     registry: RegistryDep,
     model: Annotated[UploadFile | None, File(description="a new ONNX model (keep the current one without)")] = None,
 ) -> FilterOut:
