@@ -135,11 +135,15 @@ def train_rows(
     dataset: LabelledDataset, clip: Clip, size: tuple[int, int], settings: Settings, out: Path
 ) -> dict[str, tuple[str, str, int, float, str, float | None]]:
     """Train every (event, kind, seed) of one clip at one size; bundle path -> (event, kind, seed, seconds, ...)."""
+    from models.features import FeatureRequest, cached_features
     from models.model_selection import train_default
     from models.training import TrainConfig, train_mc
 
     bundles = {}
     for event in clip.events:
+        # The base DNN's features are cached first, so the seconds below are training alone (the issue's budget).
+        requests = [FeatureRequest(tap, dataset.roi(event.name)) for tap in ("mid", "late")]
+        cached_features(dataset, requests, size, (0, clip.train_stop), progress=False)
         for kind in settings.kinds:
             for seed in settings.seeds:
                 config = TrainConfig(
