@@ -26,6 +26,7 @@ from edge.sink import FolderSink, Sink
 from edge.sources import Frame, open_source
 from edge.uplink import Uplink
 from models.bundle import load_bundle
+from models.errors import FilterForwardError
 from models.filterspec import FilterSpec
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class _Totals:
     frames: int = 0
     matched: int = 0
     bytes_out: int = 0
+    failed: int = 0  # frames the pipeline could not process (say, the sink's disk was full); counted as they fail
 
     def add(self, stats: StageStats) -> None:
         self.frames += stats.frames
@@ -89,6 +91,7 @@ class EdgeNode:
         }
         self._stats_lock = threading.Lock()  # the window swap against /metrics reading the totals
         self._totals = {name: _Totals() for name in cameras}
+        self._errors: dict[str, list[str]] = {name: [] for name in cameras}  # per camera: what went wrong
         self._window: dict[str, dict[str, Any]] = {}  # each camera's last stats window
 
     def run(self) -> None:
@@ -116,6 +119,15 @@ class EdgeNode:
         finally:
             if self.metrics is not None:
                 self.metrics.close()
+
+    def problems(self) -> list[str]:
+        """What went wrong in the run, one line per camera: failed frames and sources that ended early."""
+        lines = []
+        for name, totals in self._totals.items():
+            if totals.failed:
+                lines.append(f"camera {name}: {totals.failed} frame(s) failed (see the errors logged above)")
+            lines += [f"camera {name}: {error}" for error in self._errors[name]]
+        return lines
 
     def stop(self) -> None:
         """Ask the node to stop (see the module doc); a call while the uplink drains cuts that short.
@@ -196,20 +208,29 @@ class EdgeNode:
                     break
                 elif not source.stats.online:
                     pipeline.end_events()  # an outage ends the camera's open events; no-op once they are
-        except Exception:  # the source itself failed (e.g. a recording broke mid-stream): this camera is done
+        except FilterForwardError as exc:  # the source failed for a reason it explains (a recording cut short)
+            log.error("camera %s: %s", camera.name, exc)
+            self._errors[camera.name].append(str(exc))
+        except Exception as exc:  # the source itself failed unexpectedly: this camera is done
             log.exception("camera %s: source failed", camera.name)
+            self._errors[camera.name].append(f"source failed ({exc})")
         finally:
-            pipeline.end_events()
+            try:
+                pipeline.end_events()
+            except Exception as exc:  # say, the sink's disk is full: the events stay open there
+                log.exception("camera %s: its open events could not be closed", camera.name)
+                self._errors[camera.name].append(f"its open events could not be closed ({exc})")
             source.close()
 
-    @staticmethod
-    def _process(camera: str, pipeline: CameraPipeline, frame: Frame, failures: int) -> int:
-        """One frame through the pipeline; a frame that fails is logged and skipped, and the camera goes on (a
-        node runs unattended: one bad frame or a transient error must not stop a camera for good). Returns the
-        number of consecutive failures, which rate-limits the log."""
+    def _process(self, camera: str, pipeline: CameraPipeline, frame: Frame, failures: int) -> int:
+        """One frame through the pipeline; a frame that fails is logged, counted and skipped, and the camera goes
+        on (a node runs unattended: one bad frame or a transient error must not stop a camera for good). Returns
+        the number of consecutive failures, which rate-limits the log."""
         try:
             pipeline.process(frame)
         except Exception:
+            with self._stats_lock:
+                self._totals[camera].failed += 1
             failures += 1
             if failures == 1 or failures % FAILURE_LOG_EVERY == 0:
                 log.exception("camera %s: frame %d failed (%d in a row); skipped", camera, frame.index, failures)
@@ -235,7 +256,7 @@ class EdgeNode:
                 }
             log.info(
                 "camera %s: %.1f fps, decode %.1f ms, base %.1f ms, MCs %.1f ms, %d matched, %d bytes, "
-                "%d dropped so far%s",
+                "%d dropped, %d failed so far%s",
                 name,
                 s["fps"],
                 stats.decode_ms,
@@ -244,6 +265,7 @@ class EdgeNode:
                 s["matched"],
                 s["bytes_out"],
                 s["dropped"],
+                self._totals[name].failed,
                 _state(source.ended, stats.online, stopped=final and self._stopping()),
             )
         if self.uplink is not None and self.filtersync is not None:

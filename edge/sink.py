@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from edge.smoother import Event
+from models.errors import FilterForwardError
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +42,31 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
 
 
+def _write_atomically(path: Path, data: bytes) -> None:
+    """The file whole or not at all: a full disk leaves no empty or cut-off JPEG behind."""
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        partial.write_bytes(data)
+        partial.replace(path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
+
+
 class FolderSink:
     """frames/<camera>/<index>.jpg, clips/<event>.mp4 and one JSON line per frame or event change."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        (self.root / "frames").mkdir(parents=True, exist_ok=True)
-        (self.root / "clips").mkdir(exist_ok=True)
-        self._log = (self.root / "events.jsonl").open("a", encoding="utf-8")
+        try:
+            (self.root / "frames").mkdir(parents=True, exist_ok=True)
+            (self.root / "clips").mkdir(exist_ok=True)
+            self._log = (self.root / "events.jsonl").open("ab", buffering=0)  # each line one write
+        except OSError as exc:
+            raise FilterForwardError(
+                f"cannot use the sink folder {self.root} ({exc.strerror or exc}): set sink.path to a folder this "
+                "user can write"
+            ) from None
         self._lock = threading.Lock()  # cameras run in their own threads
 
     def frame(self, matched: MatchedFrame) -> None:
@@ -56,7 +75,7 @@ class FolderSink:
         path = folder / f"{matched.index:08d}.jpg"
         if matched.jpeg:
             folder.mkdir(exist_ok=True)
-            path.write_bytes(matched.jpeg)
+            _write_atomically(path, matched.jpeg)
         # No JPEG: sent before (another filter's match of the same frame), or clip-only filters.
         record["file"] = str(path.relative_to(self.root)) if path.exists() else None
         self._write({"type": "frame", **record})
@@ -65,14 +84,20 @@ class FolderSink:
         record = {"type": f"event_{kind}", **asdict(event)}
         if clip:
             path = self.root / "clips" / f"{safe_name(event.id)}.mp4"
-            path.write_bytes(clip)
+            _write_atomically(path, clip)
             record["clip"] = str(path.relative_to(self.root))
         self._write(record)
 
     def _write(self, record: dict) -> None:
+        line = (json.dumps(record) + "\n").encode()
         with self._lock:
-            self._log.write(json.dumps(record) + "\n")
-            self._log.flush()
+            position = self._log.tell()
+            try:
+                if self._log.write(line) != len(line):
+                    raise OSError(errno.ENOSPC, "short write to events.jsonl")
+            except OSError:  # a full disk: no half line may be left for the next one to run into
+                self._log.truncate(position)
+                raise
 
     def close(self) -> None:
         with self._lock:

@@ -159,6 +159,7 @@ class _Reader:
 
     fps: float | None = None  # the rate the source reports, if any
     open_s = 0.0  # how long opening took; a stream's frames buffered meanwhile then arrive in a burst
+    expected_frames: int | None = None  # a recording's frame count from its container, if it states one
 
     def __init__(self, failure: str, resolution: tuple[int, int] | None) -> None:
         self._resolution = resolution
@@ -216,6 +217,8 @@ class _CaptureReader(_Reader):
         self.open_s = time.monotonic() - started
         reported = self._capture.get(cv2.CAP_PROP_FPS)
         self.fps = reported if 0 < reported <= _MAX_SANE_FPS else None
+        count = int(self._capture.get(cv2.CAP_PROP_FRAME_COUNT))
+        self.expected_frames = count if count > 0 else None
 
     def _decode(self) -> tuple[np.ndarray, float] | None:
         ok, image = self._capture.read() if self._capture.isOpened() else (False, None)
@@ -647,6 +650,7 @@ class VideoSource:
             while not self._stop.is_set():
                 decoded = reader.read()
                 if decoded is None:
+                    self._check_complete(reader)
                     return
                 frame = self._frame(*decoded, reader.decode_s)
                 if pacer is not None and not pacer.wait(self._stop):
@@ -657,6 +661,15 @@ class VideoSource:
                     self._frames_dropped += dropped
         finally:
             reader.close()
+
+    def _check_complete(self, reader: _Reader) -> None:
+        """A recording that stops decoding well before the frame count its container states is broken there."""
+        expected, read = reader.expected_frames, self._frames_read
+        if not self.is_live and expected is not None and read < expected - max(2, expected // 100):
+            raise FilterForwardError(
+                f"the recording ended early, at frame {read} of {expected}: the file is truncated or corrupt from "
+                "there (the frames before it were filtered)"
+            )
 
     def _frame(self, image: np.ndarray, position_ms: float, decode_s: float) -> Frame:
         """Numbers and stamps a freshly decoded image."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -107,3 +108,41 @@ def test_the_example_config_is_valid() -> None:
 
     config = load_edge_config(Path(__file__).parents[1] / "deploy" / "edge.example.yaml")
     assert config.cameras[0].pacing == "realtime" and config.input_size == (768, 448)
+
+
+def test_a_sink_folder_that_cannot_be_created_is_one_line(config: Path) -> None:
+    settings = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**settings, "sink": {"path": "/proc/no-such/out"}}))
+    result = filterforward("edge", "run", "--config", str(config))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("filterforward edge: error: cannot use the sink folder /proc/no-such/out (")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_recording_corrupt_mid_stream_is_reported_and_the_exit_status_says_so(config: Path) -> None:
+    import cv2
+    import numpy as np
+
+    video = config.parent / "broken.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 10, (160, 120))
+    noise = np.random.default_rng(0)
+    for _ in range(40):
+        writer.write(noise.integers(0, 255, (120, 160, 3), dtype=np.uint8))
+    writer.release()
+    data = bytearray(video.read_bytes())
+    data[len(data) // 2 : len(data) * 3 // 4] = bytes(len(data) * 3 // 4 - len(data) // 2)  # zeroed from the middle
+    video.write_bytes(bytes(data))
+    settings = yaml.safe_load(config.read_text())
+    settings["cameras"][0]["source"] = str(video)
+    config.write_text(yaml.safe_dump(settings))
+    result = filterforward("edge", "run", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"filterforward edge: error: camera gate: the recording ended early, at frame \d+ of 40: the file is "
+        r"truncated or corrupt from there \(the frames before it were filtered\)",
+        last,
+    ), last
+    matched = [json.loads(line) for line in (config.parent / "out" / "events.jsonl").read_text().splitlines()]
+    assert any(record["type"] == "frame" for record in matched)  # the frames before the damage went through

@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -519,3 +520,34 @@ def test_a_frame_that_fails_is_skipped_and_the_camera_goes_on(
     assert (end["start_frame"], end["end_frame"]) == (0, 39)
     failed = [r for r in caplog.records if "failed" in r.getMessage() and "camera gate: frame" in r.getMessage()]
     assert len(failed) == 1  # the first failure is logged with its traceback; the next 39 are only counted
+    stats = [m for r in caplog.records if (m := re.search(r"(\d+) matched, .* (\d+) failed so far", r.getMessage()))]
+    matched, failed = map(int, stats[-1].groups())
+    assert failed == matched > 0  # every matched frame failed to reach the sink, and the stats line says so
+
+
+def test_an_edge_whose_sink_disk_is_full_counts_the_frames_and_leaves_no_broken_file(
+    make_filter, short_clip: Path, base_model: Path, tmp_path: Path
+) -> None:
+    from edge.config import CameraConfig, EdgeConfig, SinkConfig
+    from edge.node import EdgeNode
+
+    bundle = write_bundle(tmp_path / "always", *make_filter("full_frame", "late", (128, 96), name="always", bias=10.0))
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        config = EdgeConfig(
+            base_model=base_model,
+            input_size=(128, 96),
+            cameras=[CameraConfig(name="gate", source=str(short_clip), pacing="every-frame")],
+            filters=[bundle],
+            sink=SinkConfig(path=disk / "out"),
+        )
+        node = EdgeNode(config)
+        fill(disk)  # after the sink opened its folder and events.jsonl: every write from here fails
+        node.run()
+        jpegs = list((disk / "out" / "frames").rglob("*.jpg"))
+        assert all(path.stat().st_size > 0 for path in jpegs)  # whole files or none
+        assert not list((disk / "out").rglob(".*.partial"))
+        text = (disk / "out" / "events.jsonl").read_text()
+        assert all(json.loads(line) for line in text.splitlines())  # no cut-off line
+        problems = node.problems()
+        assert problems[0].startswith("camera gate: ") and "frame(s) failed" in problems[0]
+        assert problems[1:] == ["camera gate: its open events could not be closed ([Errno 28] No space left on device)"]

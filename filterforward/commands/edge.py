@@ -6,6 +6,8 @@ import argparse
 import signal
 from pathlib import Path
 
+from models.errors import FilterForwardError
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("edge", help="run an edge node on its cameras")
@@ -33,4 +35,7 @@ def run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: node.stop())
     node.run()
+    problems = node.problems()
+    if problems:  # the run went to its end, but not all of it was filtered: say so in the exit status too
+        raise FilterForwardError("; ".join(problems))
     return 0
