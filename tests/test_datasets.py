@@ -224,6 +224,17 @@ def test_bad_dataset_folders_are_reported(tmp_path: Path, labels: str, config: s
     assert "\n" not in str(info.value)
 
 
+def test_files_that_are_not_utf8_are_reported(tmp_path: Path) -> None:
+    root = _image_dataset(tmp_path / "ds", "frame_index,a\n0,1\n")
+    (root / "labels.csv").write_bytes(b"frame_index,a\n0,1\n1,\xe9t\xe9\n")  # Latin-1 from a spreadsheet
+    with pytest.raises(FilterForwardError, match=r"labels\.csv is not UTF-8 text \(byte 0xe9 on line 3\)"):
+        open_dataset(root)
+    (root / "labels.csv").write_text("frame_index,a\n0,1\n")
+    (root / "dataset.yaml").write_bytes(b"name: caf\xe9\nfps: 10\n")
+    with pytest.raises(FilterForwardError, match=r"dataset\.yaml is not UTF-8 text"):
+        open_dataset(root)
+
+
 def test_missing_folder_and_missing_labels(tmp_path: Path) -> None:
     with pytest.raises(FilterForwardError, match="does not exist"):
         open_dataset(tmp_path / "nope")

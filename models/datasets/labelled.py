@@ -138,10 +138,12 @@ def _read_config(root: Path) -> DatasetConfig:
     if not path.is_file():
         return DatasetConfig()
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         return DatasetConfig.model_validate(data)
     except yaml.YAMLError as exc:
         raise FilterForwardError(f"{path} is not valid YAML ({_one_line(exc)}): fix its syntax") from None
+    except UnicodeDecodeError:
+        raise FilterForwardError(f"{path} is not UTF-8 text: save it as UTF-8") from None
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(part) for part in error["loc"]) or "top level"
@@ -201,8 +203,14 @@ def read_labels(path: Path, n_frames: int, events: list[str] | None = None) -> d
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
-    with path.open(newline="", encoding="utf-8-sig") as handle:  # -sig: spreadsheets may prepend a BOM
-        table = [[cell.strip() for cell in row] for row in csv.reader(handle) if row]
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:  # -sig: spreadsheets may prepend a BOM
+            table = [[cell.strip() for cell in row] for row in csv.reader(handle) if row]
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise FilterForwardError(
+            f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} on line {line}): save it as UTF-8 CSV"
+        ) from None
     if not table or table[0][0] != FRAME_INDEX:
         raise FilterForwardError(f"{path} must start with a header whose first column is {FRAME_INDEX!r}")
     header, rows = table[0], table[1:]
