@@ -15,10 +15,11 @@ from typing import TypeVar
 
 from pydantic import ValidationError
 from sqlalchemy import func, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.db import Filter, FilterChange, utcnow
+from cloud.storage import is_disk_full
 from models.bundle import check_mc_model, validation_summary
 from models.errors import FilterForwardError
 from models.filterspec import MAX_VERSION, FilterSpec
@@ -149,6 +150,16 @@ class Registry:
                 return result
             except IntegrityError:
                 log.info("filter change %s %s collided with another (attempt %d); retrying", action, name, attempt)
+            except OperationalError as exc:  # nothing was changed: the transaction rolled back
+                if is_disk_full(exc):
+                    log.error("filter change %s %s refused: the database's disk is full", action, name)
+                    raise RegistryError(
+                        507, f"filter '{name}' could not be saved: the database's disk is full; free space there"
+                    ) from None
+                log.error("filter change %s %s failed: %s", action, name, exc)
+                raise RegistryError(
+                    503, f"filter '{name}' could not be saved: the database is unavailable; retry"
+                ) from None
         raise RegistryError(503, f"filter '{name}' could not be saved: too many concurrent changes; retry")
 
 

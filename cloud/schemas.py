@@ -28,6 +28,7 @@ _REASONS = {
     413: "the upload is over the size limit",
     422: "a parameter or the body breaks the schema; the detail names it",
     503: "the database is unreachable or busy: retry",
+    507: "the database's disk is full: nothing was changed",
 }
 
 

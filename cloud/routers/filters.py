@@ -63,7 +63,7 @@ router = APIRouter(
     prefix="/filters",
     tags=["filters"],
     route_class=UploadLimitRoute,
-    responses=errors(400, 401, 403, 404, 409, 413, 422, 503),
+    responses=errors(400, 401, 403, 404, 409, 413, 422, 503, 507),
 )
 Reader = Depends(require("read"))
 Writer = Depends(require("write"))
