@@ -557,16 +557,15 @@ def test_filter_writes_on_a_full_database_disk_are_507_and_change_nothing(tmp_pa
     spec, onnx = make_filter("full_frame", "late", (128, 96), name="late-a")
     files = {"model": ("m.onnx", onnx, "application/octet-stream")}
     cloud_root = tmp_path / "cloud"
-    with small_disk(cloud_root / "data", "16m") as data, run_cloud(cloud_root) as cloud:
-        with cloud.client() as client:
-            assert client.post("/api/filters", data={"spec": spec.model_dump_json()}, files=files).status_code == 201
-            filler = fill(data)
-            other = spec.model_copy(update={"name": "late-b"})
-            refused = client.post("/api/filters", data={"spec": other.model_dump_json()}, files=files)
-            assert refused.status_code == 507, refused.text
-            assert refused.json()["detail"] == (
-                "filter 'late-b' could not be saved: the database's disk is full; free space there"
-            )
-            assert [f["name"] for f in client.get("/api/filters").json()] == ["late-a"]  # reads go on
-            filler.unlink()
-            assert client.post("/api/filters", data={"spec": other.model_dump_json()}, files=files).status_code == 201
+    with small_disk(cloud_root / "data", "16m") as data, run_cloud(cloud_root) as cloud, cloud.client() as client:
+        assert client.post("/api/filters", data={"spec": spec.model_dump_json()}, files=files).status_code == 201
+        filler = fill(data)
+        other = spec.model_copy(update={"name": "late-b"})
+        refused = client.post("/api/filters", data={"spec": other.model_dump_json()}, files=files)
+        assert refused.status_code == 507, refused.text
+        assert refused.json()["detail"] == (
+            "filter 'late-b' could not be saved: the database's disk is full; free space there"
+        )
+        assert [f["name"] for f in client.get("/api/filters").json()] == ["late-a"]  # reads go on
+        filler.unlink()
+        assert client.post("/api/filters", data={"spec": other.model_dump_json()}, files=files).status_code == 201
