@@ -21,7 +21,11 @@ def test_create_writes_a_keypair_and_says_where_each_file_goes(tmp_path: Path) -
     public_key, secret_key = zmq.auth.load_certificate(str(secret))
     assert zmq.auth.load_certificate(str(public)) == (public_key, None) and secret_key is not None
     assert str(public) in result.stdout and str(secret) in result.stdout
-    assert "zmq.edge_keys" in result.stdout and "server_key" in result.stdout
+    assert "copy edge-1.key into the cloud's zmq.edge_keys folder" in result.stdout
+    assert "server_key" not in result.stdout  # the cloud's advice is for the cloud's key only
+    cloud = filterforward("keys", "create", "cloud", "--dir", str(tmp_path))
+    assert "copy cloud.key to each edge as its cloud.server_key" in cloud.stdout
+    assert "edge_keys" not in cloud.stdout
 
 
 def test_create_refuses_to_overwrite_and_bad_names(tmp_path: Path) -> None:

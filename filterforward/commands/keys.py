@@ -8,6 +8,8 @@ from pathlib import Path
 
 from models.errors import FilterForwardError
 
+CLOUD = "cloud"  # the name of the cloud's keypair; every other name is an edge id
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -50,11 +52,14 @@ def _create(args: argparse.Namespace) -> int:
     public, secret = create_keypair(args.dir, args.name)
     print(f"public key: {public}  (safe to copy)")
     print(f"secret key: {secret}  (keep it on this machine; mode 0600)")
-    print(
-        f"for an edge: set cloud.secret_key: {secret} in its config and copy {public.name} into the cloud's "
-        f"zmq.edge_keys folder (the edge_id must be {args.name})"
-    )
-    print(f"for the cloud: set zmq.secret_key: {secret} and copy {public.name} to each edge as cloud.server_key")
+    if args.name == CLOUD:
+        print(f"next: set zmq.secret_key: {secret} in the cloud's config and copy {public.name} to each edge as "
+              "its cloud.server_key")  # fmt: skip
+    else:
+        print(
+            f"next: set cloud.secret_key: {secret} in the config of the edge whose edge_id is {args.name}, and copy "
+            f"{public.name} into the cloud's zmq.edge_keys folder"
+        )
     return 0
 
 
