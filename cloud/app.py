@@ -38,8 +38,7 @@ from cloud.registry import Registry, RegistryError
 from cloud.routers import edges, events, filters, stats
 from cloud.schemas import Health, errors
 from cloud.storage import Storage
-from models.bundle import validation_summary
-from models.errors import FilterForwardError
+from models.errors import FilterForwardError, validation_summary
 
 log = logging.getLogger(__name__)
 

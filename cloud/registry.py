@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.db import Filter, FilterChange, utcnow
 from cloud.storage import is_disk_full
-from models.bundle import check_mc_model, validation_summary
-from models.errors import FilterForwardError
+from models.bundle import check_mc_model
+from models.errors import FilterForwardError, validation_summary
 from models.filterspec import MAX_VERSION, FilterSpec
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, PIXELS, Tap, check_input_size
 
@@ -51,7 +51,7 @@ def parse_spec(text: str) -> FilterSpec:
     try:
         spec = FilterSpec.model_validate(raw)
     except ValidationError as exc:
-        raise RegistryError(422, f"invalid filter spec: {validation_summary(exc)}") from None
+        raise RegistryError(422, f"invalid filter spec: {validation_summary(exc, 'spec')}") from None
     if spec.tap not in TAPS:
         raise RegistryError(422, f"invalid filter spec: tap '{spec.tap}' is unknown; use one of {sorted(TAPS)}")
     try:

@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from models.errors import validation_summary
 from models.filterspec import NAME_PATTERN, FilterSpec
 
 PROTOCOL = b"ff/1"
@@ -170,7 +171,5 @@ def decode(frames: list[bytes]) -> tuple[Any, bytes]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"header is not JSON: {exc}") from None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "header"
-        raise ProtocolError(f"invalid header: {where}: {first['msg']}") from None
+        raise ProtocolError(f"invalid header: {validation_summary(exc, 'header')}") from None
     return header, payload

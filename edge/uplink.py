@@ -54,6 +54,7 @@ from edge.protocol import (
 from edge.sink import MatchedFrame
 from edge.smoother import Event
 from edge.spool import Frames, Spool
+from models.errors import validation_summary
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +277,7 @@ class Uplink:
             self.spool.append(checked)
         except (ProtocolError, ValidationError) as exc:
             self.counts["unsendable"] += 1
-            why = f"{exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}" if isinstance(exc, ValidationError) else exc
+            why = validation_summary(exc) if isinstance(exc, ValidationError) else exc
             log.error("%s cannot be sent (%s); dropped", what, why)
             return
         self._waker.wake()

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 from pydantic import ValidationError
 
-from models.errors import FilterForwardError
+from models.errors import FilterForwardError, validation_summary
 from models.filterspec import FilterSpec
 
 log = logging.getLogger(__name__)
@@ -64,16 +64,7 @@ def parse_spec(path: Path) -> FilterSpec:
     except json.JSONDecodeError as exc:
         raise FilterForwardError(f"{path} is not valid JSON ({exc}); fix or rewrite it") from None
     except ValidationError as exc:
-        raise FilterForwardError(f"{path} is not a valid filter spec: {validation_summary(exc)}") from None
-
-
-def validation_summary(exc: ValidationError) -> str:
-    """Pydantic's errors on one line: the first in full, then how many more."""
-    errors = exc.errors()
-    first = errors[0]
-    where = ".".join(str(part) for part in first["loc"]) or "spec"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {first['msg']}{more}"
+        raise FilterForwardError(f"{path} is not a valid filter spec: {validation_summary(exc, 'spec')}") from None
 
 
 def crop_shape(spec: FilterSpec, tap_shape_chw: tuple[int, int, int]) -> tuple[int, int, int]:

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from models.errors import FilterForwardError
+from models.errors import FilterForwardError, validation_summary
 
 logger = logging.getLogger(__name__)
 
@@ -155,14 +155,9 @@ def _validated(fields: dict[str, Any]) -> CurriculumConfig:
     try:
         return CurriculumConfig.model_validate(fields)
     except ValidationError as exc:
-        raise FilterForwardError(f"bad curriculum: {_first_error(exc)}; fix the curriculum settings") from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    """Pydantic's first error on one line, naming the field when there is one."""
-    first = exc.errors()[0]
-    message = first["msg"].removeprefix("Value error, ")
-    return f"{'.'.join(map(str, first['loc']))}: {message}" if first["loc"] else message
+        raise FilterForwardError(
+            f"bad curriculum: {validation_summary(exc, 'curriculum')}; fix the curriculum settings"
+        ) from None
 
 
 def _root(config: CurriculumConfig, step: int) -> int:

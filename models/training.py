@@ -29,12 +29,12 @@ from pydantic import ValidationError
 from torch import nn
 from tqdm import tqdm
 
-from models.bundle import check_mc_model, validation_summary, write_bundle
+from models.bundle import check_mc_model, write_bundle
 from models.coverage import one_place_warning
 from models.crossval import CrossValidation, choose_operating_point, plan_folds, summarize
 from models.curriculum import CurriculumScheduler
 from models.datasets.labelled import UNCERTAIN, LabelledDataset
-from models.errors import FilterForwardError
+from models.errors import FilterForwardError, validation_summary
 from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1
 from models.features import FeatureRequest, cached_features
 from models.filterspec import NAME_PATTERN, FilterSpec, Smoothing, Validation
@@ -573,7 +573,7 @@ def make_spec(config: TrainConfig, smoothing: Smoothing, validation: Validation 
             validation=validation,
         )
     except ValidationError as exc:
-        raise FilterForwardError(f"the filter spec would not be valid: {validation_summary(exc)}") from None
+        raise FilterForwardError(f"the filter spec would not be valid: {validation_summary(exc, 'spec')}") from None
 
 
 def default_name(event: str, architecture: str) -> str:

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from models.datasets.frames import IMAGE_SUFFIXES, VIDEO_SUFFIXES, image_files, is_video, probe, read_frames
-from models.errors import FilterForwardError
+from models.errors import FilterForwardError, validation_summary
 from models.evaluation import runs
 from models.roi import FULL_FRAME, ROI, Polygon
 
@@ -145,9 +145,9 @@ def _read_config(root: Path) -> DatasetConfig:
     except UnicodeDecodeError:
         raise FilterForwardError(f"{path} is not UTF-8 text: save it as UTF-8") from None
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"]) or "top level"
-        raise FilterForwardError(f"{path} is invalid at {where}: {error['msg']} (see docs/datasets.md)") from None
+        raise FilterForwardError(
+            f"{path} is invalid at {validation_summary(exc, 'top level')} (see docs/datasets.md)"
+        ) from None
 
 
 def _one_line(exc: Exception) -> str:
