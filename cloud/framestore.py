@@ -8,7 +8,6 @@ ever read or deleted.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import tempfile
@@ -16,7 +15,7 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from models.errors import FilterForwardError
+from models.errors import FilterForwardError, is_disk_full
 
 KINDS = ("frames", "clips")
 TEMPORARY = ".tmp-"  # prefix of a payload being written; renamed to its name when complete
@@ -52,7 +51,7 @@ class FrameStore:
         try:
             self._write_atomically(self.root / relative, data)
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            if not is_disk_full(exc):
                 raise
             raise DiskFull(
                 f"frame store {self.root} is full ({exc.strerror}): could not write {len(data)} bytes to {relative}; "

@@ -16,9 +16,7 @@ hands out again what a restart left unmarked.
 
 from __future__ import annotations
 
-import errno
 import logging
-import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,19 +24,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import ColumnElement, and_, exists, not_, or_, select, update
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.db import Camera, Counter, Edge, Event, EventFrame, Received, StoredFrame, as_utc, utcnow
 from cloud.framestore import DiskFull, FrameStore
 from edge.protocol import EventHeader, FrameHeader, Hello, Stats
+from models import errors
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Phase = Literal["start", "end"]
 TRIES = 3  # a transaction that lost an insert race runs again; the second try finds the winner's row
-PG_DISK_FULL = "53100"  # PostgreSQL's SQLSTATE disk_full
 
 
 @dataclass(frozen=True)
@@ -86,18 +84,8 @@ class _Duplicate(Exception):
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """Whether a store failed for lack of disk space: in the frame store (DiskFull), or in the database
-    (SQLite's "database or disk is full", PostgreSQL's disk_full)."""
-    if isinstance(exc, DiskFull):
-        return True
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    if isinstance(exc, DBAPIError):
-        orig = exc.orig
-        if isinstance(orig, sqlite3.Error):
-            return getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(orig)
-        return getattr(orig, "sqlstate", None) == PG_DISK_FULL
-    return False
+    """Whether a store failed for lack of disk space, in the frame store (DiskFull) or in the database."""
+    return isinstance(exc, DiskFull) or errors.is_disk_full(exc)
 
 
 def transact(sessions: sessionmaker, work: Callable[[Session], T]) -> T:

@@ -27,7 +27,6 @@ room again).
 
 from __future__ import annotations
 
-import errno
 import logging
 import shutil
 import sqlite3
@@ -38,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from models.errors import FilterForwardError
+from models.errors import FilterForwardError, is_disk_full
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +168,7 @@ class Spool:
             with self._db:
                 return work()
         except (sqlite3.OperationalError, OSError) as exc:
-            if _is_disk_full(exc):
+            if is_disk_full(exc):
                 raise _DiskFull from exc
             raise
 
@@ -323,12 +322,6 @@ class Spool:
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('next_seq', ?)", (time.time_ns() // 1000,)
             )
             return self._db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()[0]
-
-
-def _is_disk_full(exc: BaseException) -> bool:
-    if isinstance(exc, sqlite3.Error):
-        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _free_bytes(folder: Path) -> int:
