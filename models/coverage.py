@@ -25,7 +25,7 @@ def one_place_warning(model: MicroClassifier, positives: torch.Tensor, roi: ROI,
     """A warning when the MC found the event in one small part of its region on every positive frame.
 
     `positives`: the positive training frames' crops [B, C, h, w]; `mask`: the region's cells [h, w]."""
-    if not isinstance(model, FullFrame) or not len(positives):
+    if model.architecture != FullFrame.architecture or not len(positives):
         return None
     rows, cols = np.nonzero(mask)
     region_rows, region_cols = np.ptp(rows) + 1, np.ptp(cols) + 1

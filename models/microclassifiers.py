@@ -221,6 +221,27 @@ class Discrete(MicroClassifier):
         return self.fc(self.convs(self.masked(features)))
 
 
+class Ensemble(MicroClassifier):
+    """Members of one single-frame kind trained from different seeds, their logits averaged: one graph on the
+    edge, and a seed that happens to miss a new occurrence is outvoted by the others."""
+
+    def __init__(self, members: list[MicroClassifier]):
+        super().__init__()
+        kinds = {member.architecture for member in members}
+        if len(kinds) != 1 or any(member.window != 1 for member in members):
+            raise FilterForwardError(f"an ensemble needs members of one single-frame kind, got {sorted(kinds)}")
+        self.architecture = kinds.pop()
+        self.members = nn.ModuleList(members)
+        self.mask = None  # each member masks its own input
+
+    def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.stack([member.logits(features) for member in self.members]).mean(dim=0)
+
+    def cell_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """The members' per-cell logits averaged (full-frame members only)."""
+        return torch.stack([member.cell_logits(features) for member in self.members]).mean(dim=0)
+
+
 def build_mc(
     architecture: str, channels: int, crop_hw: tuple[int, int], window: int = 5, mask: np.ndarray | None = None
 ) -> MicroClassifier:

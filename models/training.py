@@ -39,7 +39,7 @@ from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1
 from models.features import FeatureRequest, cached_features
 from models.filterspec import NAME_PATTERN, FilterSpec, Smoothing, Validation
 from models.mc_export import export_mc, verify_export
-from models.microclassifiers import ARCHITECTURES, MicroClassifier, build_mc
+from models.microclassifiers import ARCHITECTURES, Ensemble, MicroClassifier, build_mc
 from models.roi import FULL_FRAME, ROI
 from models.taps import PIXEL_TAP, PIXELS
 
@@ -163,6 +163,10 @@ def _schedule_fields(schedule: str, values: list[str]) -> dict[str, object]:
     return {name: int(value) for name, value in zip(names, values, strict=False)}
 
 
+MAX_ENSEMBLE = 8
+ENSEMBLE_SEED_STEP = 1000  # member i of an ensemble starts from seed + i * this
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """What to train: one MC architecture on one tap/ROI for one event, on a frame range."""
@@ -188,6 +192,11 @@ class TrainConfig:
     device: str = "cpu"
     # MCs are tiny: one CPU thread is as fast as several and does not collapse when cores are shared.
     threads: int = 1
+    ensemble: int = 1  # members (single-frame kinds) sharing `steps`, their logits averaged in one graph
+
+    @property
+    def member_steps(self) -> int:
+        return max(1, self.steps // self.ensemble)
 
     @property
     def tap_name(self) -> str:
@@ -274,8 +283,23 @@ StepHook = Callable[[int, MicroClassifier], None]  # (step, the model being trai
 def fit_mc(
     config: TrainConfig, data: TrainingData, progress: bool = True, on_step: StepHook | None = None
 ) -> tuple[MicroClassifier, list[float]]:
-    """A fresh MC trained on the data's training frames; its loss per step. `on_step(step, model)` runs after
-    every optimizer step (learning curves)."""
+    """A fresh MC trained on the data's training frames; its loss per step. With `config.ensemble` > 1, that
+    many members share the steps, each from its own seed (the losses follow one another). `on_step(step,
+    model)` runs after every optimizer step (learning curves)."""
+    if config.ensemble == 1:
+        return _fit_one(config, data, progress, on_step)
+    members, losses = [], []
+    for index in range(config.ensemble):
+        member = replace(config, seed=config.seed + ENSEMBLE_SEED_STEP * index, steps=config.member_steps, ensemble=1)
+        model, member_losses = _fit_one(member, data, progress, on_step)
+        members.append(model)
+        losses += member_losses
+    return Ensemble(members), losses
+
+
+def _fit_one(
+    config: TrainConfig, data: TrainingData, progress: bool, on_step: StepHook | None
+) -> tuple[MicroClassifier, list[float]]:
     model = new_model(config, data)
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr, config.steps, config.curricula)
     sampler = BalancedSampler(data.frames, data.targets, config.batch_size, config.seed)
@@ -386,6 +410,11 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
     check_curricula(config)
     if not 0.0 <= config.label_smoothing < 0.5:
         raise FilterForwardError(f"label smoothing must be at least 0 and below 0.5, got {config.label_smoothing}")
+    if not 1 <= config.ensemble <= MAX_ENSEMBLE or (config.ensemble > 1 and config.context > 1):
+        raise FilterForwardError(
+            f"an ensemble has 1 to {MAX_ENSEMBLE} members of a single-frame kind, got {config.ensemble} of "
+            f"{config.architecture}: lower --ensemble or use another kind"
+        )
     if config.steps < 1 or config.batch_size < 2 or config.threads < 1:
         raise FilterForwardError(
             f"need steps >= 1, batch size >= 2 and threads >= 1, got {config.steps}, {config.batch_size} and "

@@ -10,7 +10,7 @@ import torch
 from models.efficientnet_lite import EfficientNetLite0
 from models.errors import FilterForwardError
 from models.mc_export import export_mc, verify_export
-from models.microclassifiers import ARCHITECTURES, build_mc, count_macs, example_inputs
+from models.microclassifiers import ARCHITECTURES, Ensemble, build_mc, count_macs, example_inputs
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
 
 INPUT_SIZE = (768, 448)
@@ -178,3 +178,26 @@ def test_a_mask_must_fit_the_crop() -> None:
         build_mc("full_frame", 8, (4, 5), mask=np.ones((5, 4), bool))
     with pytest.raises(FilterForwardError, match="with a cell inside"):
         build_mc("full_frame", 8, (4, 5), mask=np.zeros((4, 5), bool))
+
+
+def test_an_ensemble_averages_its_members_logits_and_exports_as_one_graph(tmp_path) -> None:
+    members = []
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        members.append(build_mc("full_frame", 8, (4, 6)))
+    ensemble = Ensemble(members).eval()
+    features = torch.randn(5, 8, 4, 6)
+    with torch.no_grad():
+        expected = torch.stack([m.logits(features) for m in members]).mean(dim=0)
+        assert torch.allclose(ensemble.logits(features), expected)
+        assert torch.allclose(ensemble(features), torch.sigmoid(expected))
+        assert torch.allclose(
+            ensemble.cell_logits(features), torch.stack([m.cell_logits(features) for m in members]).mean(0)
+        )
+    assert ensemble.architecture == "full_frame"
+    onnx_bytes = export_mc(ensemble, (8, 4, 6))
+    (score,) = ort.InferenceSession(onnx_bytes).run(["score"], {"features": features.numpy()})
+    np.testing.assert_allclose(score, torch.sigmoid(expected).numpy(), atol=1e-5)
+    windowed = build_mc("windowed", 8, (4, 6), window=3)
+    with pytest.raises(FilterForwardError, match="members of one single-frame kind"):
+        Ensemble([windowed, windowed])

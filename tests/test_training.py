@@ -26,7 +26,7 @@ from models.datasets.synth import write_synthetic
 from models.errors import FilterForwardError
 from models.evaluation import event_f1
 from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
-from models.microclassifiers import build_mc
+from models.microclassifiers import Ensemble, build_mc
 from models.roi import ROI
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
 from models.training import (
@@ -348,3 +348,21 @@ def test_a_step_hook_sees_every_step_of_the_model_being_trained(tiny: LabelledDa
     assert not any(torch.equal(a, b) for (_, _, a), (_, _, b) in itertools.pairwise(seen))  # each after a step
     assert torch.equal(seen[-1][2], next(model.parameters()))
     assert model.training  # put back after the hook
+
+
+def test_an_ensemble_spreads_the_steps_over_members_of_different_seeds(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path
+) -> None:
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 48), steps=9,
+                         ensemble=3)  # fmt: skip
+    data = load_training_data(tiny, config, base_model, progress=False)
+    model, losses = fit_mc(config, data, progress=False)
+    assert isinstance(model, Ensemble) and len(model.members) == 3 and len(losses) == 9  # 3 steps each
+    first = [next(member.parameters()) for member in model.members]
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
+    result = train_mc(tiny, config, tmp_path / "bundle", base_model, progress=False)
+    spec, onnx_bytes = load_bundle(result.bundle)
+    check_mc_model(spec, onnx_bytes, EFFICIENTNET_LITE0_TAPS["late"].shape(TINY_SIZE))
+    windowed = dataclasses.replace(config, architecture="windowed")
+    with pytest.raises(FilterForwardError, match="an ensemble has 1 to 8 members of a single-frame kind"):
+        load_training_data(tiny, windowed, base_model, progress=False)
