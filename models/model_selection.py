@@ -8,7 +8,7 @@ occurrences that happen elsewhere in the region; they stay available by name (`-
 
 All candidates' features come from one base-DNN pass; each candidate is cross-validated (models/crossval.py)
 and the one with the best held-out event F1 is trained on every training frame. Near ties go to the
-earlier candidate.
+earlier candidate. Every candidate is an ensemble of ENSEMBLE seeds (models.microclassifiers.Ensemble).
 """
 
 from __future__ import annotations
