@@ -8,6 +8,7 @@ ever read or deleted.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
@@ -42,6 +43,7 @@ class FrameStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.orphans_scanned_at = -math.inf  # time.monotonic() of the last remove_orphans (a walk of the store)
 
     def write(self, kind: Literal["frames", "clips"], edge: str, camera: str, name: str, data: bytes) -> str:
         """Store `data` (replacing a file of the same name atomically); returns its path relative to the root."""
@@ -104,6 +106,7 @@ class FrameStore:
         """Delete the temporary files of writes that never finished (the process was killed mid-write), last
         modified more than `older_than` seconds ago; returns (files, bytes) removed."""
         cutoff, files, freed = time.time() - older_than, 0, 0
+        self.orphans_scanned_at = time.monotonic()
         for folder, _dirs, names in os.walk(self.root):
             for name in (n for n in names if n.startswith(TEMPORARY)):
                 path = Path(folder) / name

@@ -19,9 +19,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.db import Filter, FilterChange, utcnow
-from cloud.storage import is_disk_full
 from models.bundle import check_mc_model
-from models.errors import FilterForwardError, validation_summary
+from models.errors import FilterForwardError, is_disk_full, validation_summary
 from models.filterspec import MAX_VERSION, FilterSpec
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, PIXELS, Tap, check_input_size
 

@@ -8,6 +8,7 @@ already missing is fine. An ended event that lost its last frame and its clip he
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -49,7 +50,8 @@ def sweep(
 ) -> dict[str, int]:
     """One retention pass; returns (and adds to the persistent counters) what it deleted."""
     tally = dict.fromkeys((FRAMES, CLIPS, EVENTS, BYTES), 0)
-    clean_orphans(store, ORPHAN_AGE)
+    if time.monotonic() - store.orphans_scanned_at >= ORPHAN_AGE:  # a walk of every file: once an hour is enough
+        clean_orphans(store, ORPHAN_AGE)
     if max_age_days is not None:
         cutoff = utcnow() - timedelta(days=max_age_days)
         while batch := _oldest(sessions, StoredFrame.received_at < cutoff, Event.ended_at < cutoff):

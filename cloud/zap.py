@@ -153,8 +153,8 @@ class ZapHandler:
     def _refuse(self, request_id: bytes, address: bytes, key: bytes, what: str) -> list[bytes]:
         self._count("unauthenticated")
         if key in self._refused_keys:  # once per key: a refused edge retries every few seconds
-            pass
-        elif len(self._refused_keys) < NAMED_KEYS:
+            return _reply(request_id, b"400", b"edge key not allowed")
+        if len(self._refused_keys) < NAMED_KEYS:
             self._refused_keys.add(key)
             log.warning(
                 "refused an edge connection from %s with %s: not in the allow-list %s; to allow that edge, copy its "
