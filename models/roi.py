@@ -1,7 +1,7 @@
 """Regions of interest in normalised image coordinates (0..1, origin top-left), mapped onto feature-map cells.
 
 A region is a box or a polygon. An MC reads the tap cells under the region's bounding box (the crop); with a
-polygon, only the cells whose centres lie inside it count (the mask), so "inside the region" is given to
+polygon, only the cells at least half inside it count (the mask), so "inside the region" is given to
 the MC rather than learned from where the training examples happened to be.
 """
 
