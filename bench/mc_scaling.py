@@ -31,15 +31,15 @@ import numpy as np
 import onnxruntime as ort
 from tqdm import tqdm
 
-from edge.basednn import BaseDNN
 from edge.mcbank import CameraState, MCBank
 from edge.pipeline import CameraPipeline
 from edge.sink import MatchedFrame
-from edge.smoother import Event
 from edge.sources import Frame, open_source
+from models.basednn import BaseDNN
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec, Smoothing
 from models.roi import FULL_FRAME, ROI
+from models.smoother import Event
 from models.taps import PIXEL_TAP, PIXELS, Tap, check_input_size
 
 log = logging.getLogger("bench.mc_scaling")

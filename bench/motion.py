@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from edge.smoother import smooth_scores
 from models.datasets import LabelledDataset
 from models.evaluation import event_f1
 from models.roi import ROI
+from models.smoother import smooth_scores
 
 # MOG2 runs on frames scaled to this width: motion detection does not need more (DVR-Scan downscales too).
 WORK_WIDTH = 480

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
 
-from edge.configfile import ConfigPath, FolderPath, read_config
+from common.configfile import ConfigPath, FolderPath, read_config
 
 Scope = Literal["read", "write"]
 

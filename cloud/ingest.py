@@ -1,6 +1,6 @@
 """The cloud's ZeroMQ side: a ROUTER the edges' uplinks talk to, and a PUB that sends them filter changes.
 
-One thread runs a poll loop (ZeroMQ guide style) over the ROUTER: it decodes each message (edge.protocol),
+One thread runs a poll loop (ZeroMQ guide style) over the ROUTER: it decodes each message (common.protocol),
 checks that the edge it names is the one CURVE authenticated (the ZAP handler sets the connection's User-Id
 to the edge id), then stores the frames and events of one loop pass together (Storage.store_many: one
 transaction), hands out the notifications that became due and acknowledges the stored seqs, one Ack per edge
@@ -38,8 +38,8 @@ from cloud.config import CloudConfig
 from cloud.db import Filter, FilterChange
 from cloud.storage import Message, Notification, Storage, is_disk_full
 from cloud.zap import PUBLIC_KEY_PROPERTY, ZapHandler
-from edge.curve import make_server
-from edge.protocol import (
+from common.curve import make_server
+from common.protocol import (
     ID_PATTERN,
     MAX_PAYLOAD_BYTES,
     TOPIC,

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.db import Camera, Counter, Edge, Event, EventFrame, Received, StoredFrame, as_utc, utcnow
 from cloud.framestore import DiskFull, FrameStore
-from edge.protocol import EventHeader, FrameHeader, Hello, Stats
+from common.protocol import EventHeader, FrameHeader, Hello, Stats
 from models import errors
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from pathlib import Path
 import zmq
 import zmq.utils.z85
 
-from edge.curve import load_public
-from edge.protocol import ID_PATTERN
+from common.curve import load_public
+from common.protocol import ID_PATTERN
 from models.errors import FilterForwardError
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from edge.configfile import ConfigPath, FolderPath, read_config, resolve
+from common.configfile import ConfigPath, FolderPath, read_config, resolve
 from models.taps import check_input_size
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"

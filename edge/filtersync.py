@@ -22,9 +22,9 @@ import time
 
 import zmq
 
+from common.protocol import TOPIC, FilterUpdate, ProtocolError, SnapshotEnd, decode
 from edge.config import CloudLink
 from edge.mcbank import MCBank
-from edge.protocol import TOPIC, FilterUpdate, ProtocolError, SnapshotEnd, decode
 from edge.uplink import Uplink, Waker, open_socket
 from models.filterspec import FilterSpec
 

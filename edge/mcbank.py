@@ -23,8 +23,8 @@ from functools import partial
 import numpy as np
 import onnxruntime as ort
 
-from edge.basednn import pixels, session_options
 from edge.mcfusion import FusedGraph, default_opset, fuse, push_history, window_history
+from models.basednn import pixels, session_options
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edge.basednn import BaseDNN
 from edge.config import CameraConfig, EdgeConfig
 from edge.filtersync import FilterSync
 from edge.mcbank import MCBank
@@ -25,6 +24,7 @@ from edge.pipeline import CameraPipeline, StageStats
 from edge.sink import FolderSink, Sink
 from edge.sources import Frame, open_source
 from edge.uplink import Uplink
+from models.basednn import BaseDNN
 from models.bundle import load_bundle
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec

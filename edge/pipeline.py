@@ -8,13 +8,13 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from edge.basednn import BaseDNN
 from edge.encoder import ClipEncoder, encode_jpeg
 from edge.mcbank import CameraState, LoadedMC, MCBank
 from edge.sink import MatchedFrame, Sink
-from edge.smoother import Event, Smoother
 from edge.sources import Frame
+from models.basednn import BaseDNN
 from models.filterspec import FilterSpec
+from models.smoother import Event, Smoother
 
 log = logging.getLogger(__name__)
 

@@ -15,18 +15,18 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
-from edge.basednn import BaseDNN
 from edge.encoder import ClipEncoder, encode_stream_h264
 from edge.mcbank import MCBank
 from edge.pipeline import CameraPipeline
 from edge.sink import MatchedFrame
-from edge.smoother import Event
 from edge.sources import Frame
+from models.basednn import BaseDNN
 from models.bundle import load_bundle
 from models.datasets import LabelledDataset
 from models.errors import FilterForwardError
 from models.evaluation import EventScores, bandwidth_bps, event_f1, runs
 from models.filterspec import FilterSpec
+from models.smoother import Event
 
 log = logging.getLogger(__name__)
 CAMERA = "replay"

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from edge.smoother import Event
 from models.errors import FilterForwardError
+from models.smoother import Event
 
 log = logging.getLogger(__name__)
 

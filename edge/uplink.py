@@ -33,9 +33,8 @@ import zmq
 from pydantic import ValidationError
 from zmq.utils.monitor import recv_monitor_message
 
-from edge import curve
-from edge.config import CloudLink, SpoolConfig
-from edge.protocol import (
+from common import curve
+from common.protocol import (
     Ack,
     Error,
     EventHeader,
@@ -51,10 +50,11 @@ from edge.protocol import (
     decode,
     encode,
 )
+from edge.config import CloudLink, SpoolConfig
 from edge.sink import MatchedFrame
-from edge.smoother import Event
 from edge.spool import Frames, Spool
 from models.errors import validation_summary
+from models.smoother import Event
 
 log = logging.getLogger(__name__)
 

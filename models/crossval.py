@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge.smoother import smooth_scores
 from models.datasets.labelled import UNCERTAIN
 from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1, runs
 from models.filterspec import Smoothing, Validation
+from models.smoother import smooth_scores
 
 MAX_FOLDS = 4
 BLOCKS = 3  # folds when the training frames hold one occurrence

@@ -156,7 +156,7 @@ def _fill(
     progress: bool,
 ) -> None:
     """One pass of the base DNN over the frames any entry misses, writing every entry's crop."""
-    from edge.basednn import BaseDNN, pixels  # onnxruntime + OpenCV: only needed when computing
+    from models.basednn import BaseDNN, pixels  # onnxruntime + OpenCV: only needed when computing
 
     base = BaseDNN(input_size, model_path)
     needed = {e.request.tap for e in entries}

@@ -637,6 +637,6 @@ def _tap_shape(config: TrainConfig, model_path: Path | None) -> tuple[int, int, 
 def tap_shape(tap: str, input_size: tuple[int, int], model_path: Path | None) -> tuple[int, int, int]:
     if tap == PIXELS:
         return PIXEL_TAP.shape(input_size)
-    from edge.basednn import BaseDNN
+    from models.basednn import BaseDNN
 
     return BaseDNN(input_size, model_path).taps[tap].shape(input_size)

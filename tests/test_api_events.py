@@ -25,7 +25,7 @@ from cloud.clips import encode_clip
 from cloud.db import Edge, StoredFrame, make_engine, session_factory
 from cloud.framestore import FrameStore
 from cloud.storage import Storage
-from edge.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
+from common.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
 
 EDGE, RUN = "edge-1", "run-1"
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC).timestamp()

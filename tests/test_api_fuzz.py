@@ -18,7 +18,7 @@ from cloud_server import READ_WRITE, CloudServer, run_cloud
 from cloud.db import make_engine, session_factory
 from cloud.framestore import FrameStore
 from cloud.storage import Storage
-from edge.protocol import EventHeader, EventInfo, FrameHeader, Hello
+from common.protocol import EventHeader, EventInfo, FrameHeader, Hello
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 EXAMPLES = 15  # per operation and phase: enough to find the classes of bad input, bounded for CI

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import skimage.data
 
-from edge.basednn import BaseDNN, pixels
+from models.basednn import BaseDNN, pixels
 from models.errors import FilterForwardError
 
 # ImageNet class indices: 281-285 are the domestic cats; 967 espresso, 968 cup, 504 coffee mug.

@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge.basednn import BaseDNN
 from edge.mcbank import CameraState, MCBank
+from models.basednn import BaseDNN
 from models.bundle import FEATURES_INPUT, SCORE_OUTPUT
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec

@@ -1,5 +1,5 @@
 """The cloud ingest (ROUTER + PUB) with real Storage on SQLite, driven by raw DEALER/SUB sockets speaking
-edge/protocol.py on loopback, plain and with CURVE and the ZAP allow-list."""
+common/protocol.py on loopback, plain and with CURVE and the ZAP allow-list."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from cloud.framestore import FrameStore
 from cloud.ingest import HEADER_ROOM, Ingest
 from cloud.storage import Notification, Storage
 from cloud.zap import NAMED_KEYS
-from edge.curve import create_keypair, load_public, make_client
-from edge.protocol import (
+from common.curve import create_keypair, load_public, make_client
+from common.protocol import (
     MAX_PAYLOAD_BYTES,
     PROTOCOL,
     TOPIC,

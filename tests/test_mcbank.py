@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edge.basednn import BaseDNN, pixels
 from edge.mcbank import CameraState, MCBank
+from models.basednn import BaseDNN, pixels
 from models.datasets import open_dataset
 from models.errors import FilterForwardError
 from models.roi import ROI

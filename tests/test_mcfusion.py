@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from edge.basednn import BaseDNN, pixels
 from edge.mcbank import CameraState, LoadedMC, MCBank
+from models.basednn import BaseDNN, pixels
 from models.datasets import open_dataset
 from models.filterspec import FilterSpec
 from models.roi import ROI

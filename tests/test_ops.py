@@ -39,7 +39,7 @@ from cloud.db import Received, StoredFrame, make_engine, session_factory
 from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
 from cloud.storage import Storage
-from edge.protocol import Ack, EventHeader, EventInfo, FrameHeader, decode, encode
+from common.protocol import Ack, EventHeader, EventInfo, FrameHeader, decode, encode
 from edge.spool import DISK_HEADROOM, Spool
 from models.bundle import write_bundle
 

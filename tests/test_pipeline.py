@@ -10,11 +10,11 @@ import cv2
 import numpy as np
 import pytest
 
-from edge.basednn import BaseDNN
 from edge.mcbank import MCBank
 from edge.pipeline import CameraPipeline
 from edge.sink import FolderSink
 from edge.sources import open_source
+from models.basednn import BaseDNN
 from models.filterspec import Encoding
 
 SIZE = (384, 224)

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from edge.smoother import Decision, Event, Smoother, smooth_scores
 from models.errors import FilterForwardError
 from models.evaluation import runs
+from models.smoother import Decision, Event, Smoother, smooth_scores
 
 HI, LO = 0.9, 0.1  # a passing and a failing score at threshold 0.5
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edge.protocol import FrameHeader, decode, encode
+from common.protocol import FrameHeader, decode, encode
 from edge.spool import FILE_NAME, Spool
 from models.errors import FilterForwardError
 
@@ -112,7 +112,7 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from edge.protocol import FrameHeader, encode
+    from common.protocol import FrameHeader, encode
     from edge.spool import Spool
 
     def build(seq):

@@ -34,7 +34,7 @@ from cloud.db import (
 from cloud.framestore import FrameStore
 from cloud.retention import ORPHAN_AGE, sweep
 from cloud.storage import Message, Notification, Storage
-from edge.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
+from common.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 EDGE, RUN, CAMERA = "edge-1", "run-1", "cam-1"

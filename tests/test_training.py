@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from edge.basednn import BaseDNN
 from edge.mcbank import CameraState, MCBank
-from edge.smoother import smooth_scores
 from filterforward.cli import main
 from models.base_export import file_digest
+from models.basednn import BaseDNN
 from models.bundle import check_mc_model, load_bundle
 from models.cache import cache_dir
 from models.coverage import one_place_warning
@@ -28,6 +27,7 @@ from models.evaluation import event_f1
 from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
 from models.microclassifiers import Ensemble, build_mc
 from models.roi import ROI
+from models.smoother import smooth_scores
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
 from models.training import (
     BalancedSampler,

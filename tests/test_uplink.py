@@ -22,12 +22,12 @@ from cloud.db import Event as EventRow
 from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
 from cloud.storage import Storage
+from common.curve import create_keypair
 from edge.config import CloudLink, SpoolConfig, load_edge_config
-from edge.curve import create_keypair
 from edge.sink import MatchedFrame
-from edge.smoother import Event
 from edge.uplink import Uplink
 from models.errors import FilterForwardError
+from models.smoother import Event
 
 EDGE = "edge-1"
 JPEG = cv2.imencode(".jpg", np.full((48, 64, 3), 200, np.uint8))[1].tobytes()

@@ -159,7 +159,7 @@ def test_live_stats_and_events_without_reload(page: Page, cloud: CloudConfig) ->
     from cloud.db import make_engine, session_factory
     from cloud.framestore import FrameStore
     from cloud.storage import Storage
-    from edge.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
+    from common.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
 
     sign_in(page, TOKEN)
     expect(page.get_by_test_id("events-status")).to_contain_text("No events yet")

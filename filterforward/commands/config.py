@@ -51,7 +51,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def detect_kind(path: Path) -> str:
     """edge or cloud, from the file's top-level keys."""
-    from edge.configfile import parse_config
+    from common.configfile import parse_config
 
     kinds = {kind for key, kind in _MARKERS.items() if key in parse_config(path).data}
     if len(kinds) != 1:

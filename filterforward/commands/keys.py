@@ -42,8 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _create(args: argparse.Namespace) -> int:
-    from edge.curve import create_keypair
-    from edge.protocol import ID_PATTERN
+    from common.curve import create_keypair
+    from common.protocol import ID_PATTERN
 
     if not re.fullmatch(ID_PATTERN, args.name):
         raise FilterForwardError(
@@ -64,7 +64,7 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from edge.curve import load_public
+    from common.curve import load_public
 
     print(load_public(args.file).decode("ascii"))
     return 0

@@ -27,8 +27,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _info(args: argparse.Namespace) -> int:
-    from edge.basednn import BaseDNN
     from filterforward.commands.options import parse_size
+    from models.basednn import BaseDNN
 
     base = BaseDNN(parse_size(args.input_size), args.model)
     print(f"model: {base.model_path}")

@@ -1,8 +1,7 @@
 """Reading a YAML configuration file into a strict pydantic model: `${ENV}` substitution, one-line errors that
 name the offending key and its line.
 
-Shared by the edge's and the cloud's configuration (the cloud may import edge's light modules; never the
-reverse).
+Shared by the edge's and the cloud's configuration.
 """
 
 from __future__ import annotations
