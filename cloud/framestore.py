@@ -10,25 +10,14 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import tempfile
 import time
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from common.files import TEMPORARY, safe_name, write_atomically
 from models.errors import FilterForwardError, is_disk_full
 
 KINDS = ("frames", "clips")
-TEMPORARY = ".tmp-"  # prefix of a payload being written; renamed to its name when complete
-MAX_PART = 100  # characters per path part; ids are at most 64, event-derived names stay well below
-
-
-def safe_part(text: str) -> str:
-    """A single path part made of [A-Za-z0-9_.-] only that is never '', '.' or '..' (nor a hidden file)."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:MAX_PART]
-    if not cleaned or cleaned.startswith("."):
-        cleaned = "_" + cleaned[1:]
-    return cleaned
 
 
 class DiskFull(FilterForwardError):
@@ -49,9 +38,9 @@ class FrameStore:
         """Store `data` (replacing a file of the same name atomically); returns its path relative to the root."""
         if kind not in KINDS:
             raise FilterForwardError(f"unknown payload kind {kind!r}: use one of {', '.join(KINDS)}")
-        relative = PurePosixPath(kind, safe_part(edge), safe_part(camera), safe_part(name))
+        relative = PurePosixPath(kind, safe_name(edge), safe_name(camera), safe_name(name))
         try:
-            self._write_atomically(self.root / relative, data)
+            write_atomically(self.root / relative, data)
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
@@ -60,20 +49,6 @@ class FrameStore:
                 "free space there or lower retention.max_bytes / retention.max_age_days"
             ) from None
         return str(relative)
-
-    @staticmethod
-    def _write_atomically(target: Path, data: bytes) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=TEMPORARY)
-        try:
-            with os.fdopen(fd, "wb") as file:
-                file.write(data)
-                file.flush()
-                os.fsync(file.fileno())  # the edge forgets the message once we ack it: the bytes must be on disk
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     def open_path(self, relative: str) -> Path:
         """The absolute path of a stored file; FilterForwardError if `relative` leads outside the store or is gone."""

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.db import Camera, Counter, Edge, Event, EventFrame, Received, StoredFrame, as_utc, utcnow
 from cloud.framestore import DiskFull, FrameStore
+from cloud.links import clip_path, event_path, frame_path
 from common.protocol import EventHeader, FrameHeader, Hello, Stats
 from models import errors
 
@@ -428,7 +429,6 @@ class Storage:
         return [Notification(phase, self._payload(session, event)) for phase in phases]
 
     def _payload(self, session: Session, event: Event) -> dict[str, Any]:
-        url = f"{self._base_url}/api/events/{event.id}"
         first_jpeg = session.scalar(
             select(StoredFrame.id)
             .join(EventFrame, EventFrame.frame_id == StoredFrame.id)
@@ -449,8 +449,6 @@ class Storage:
             "peak_score": event.peak_score,
             "started_at": as_utc(event.started_at).isoformat(),
             "ended_at": as_utc(event.ended_at).isoformat() if event.ended_at else None,
-            "url": url,
-            "frame_url": f"{self._base_url}/api/frames/{first_jpeg}.jpg"
-            if first_jpeg is not None
-            else f"{url}/clip.mp4",
+            "url": self._base_url + event_path(event.id),
+            "frame_url": self._base_url + (frame_path(first_jpeg) if first_jpeg is not None else clip_path(event.id)),
         }

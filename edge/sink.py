@@ -5,12 +5,12 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import re
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from common.files import safe_name, write_atomically
 from models.errors import FilterForwardError
 from models.smoother import Event
 
@@ -37,22 +37,6 @@ class Sink(Protocol):
     def close(self) -> None: ...
 
 
-def safe_name(text: str) -> str:
-    """A file-name-safe form of an id (event ids contain '/')."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", text)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """The file whole or not at all: a full disk leaves no empty or cut-off JPEG behind."""
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_bytes(data)
-        partial.replace(path)
-    except OSError:
-        partial.unlink(missing_ok=True)
-        raise
-
-
 class FolderSink:
     """frames/<camera>/<index>.jpg, clips/<event>.mp4 and one JSON line per frame or event change."""
 
@@ -75,7 +59,7 @@ class FolderSink:
         path = folder / f"{matched.index:08d}.jpg"
         if matched.jpeg:
             folder.mkdir(exist_ok=True)
-            _write_atomically(path, matched.jpeg)
+            write_atomically(path, matched.jpeg)
         # No JPEG: sent before (another filter's match of the same frame), or clip-only filters.
         record["file"] = str(path.relative_to(self.root)) if path.exists() else None
         self._write({"type": "frame", **record})
@@ -84,7 +68,7 @@ class FolderSink:
         record = {"type": f"event_{kind}", **asdict(event)}
         if clip:
             path = self.root / "clips" / f"{safe_name(event.id)}.mp4"
-            _write_atomically(path, clip)
+            write_atomically(path, clip)
             record["clip"] = str(path.relative_to(self.root))
         self._write(record)
 

@@ -39,6 +39,7 @@ from cloud.db import Received, StoredFrame, make_engine, session_factory
 from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
 from cloud.storage import Storage
+from common.files import TEMPORARY
 from common.protocol import Ack, EventHeader, EventInfo, FrameHeader, decode, encode
 from edge.spool import DISK_HEADROOM, Spool
 from models.bundle import write_bundle
@@ -545,7 +546,7 @@ def test_an_edge_whose_sink_disk_is_full_counts_the_frames_and_leaves_no_broken_
         node.run()
         jpegs = list((disk / "out" / "frames").rglob("*.jpg"))
         assert all(path.stat().st_size > 0 for path in jpegs)  # whole files or none
-        assert not list((disk / "out").rglob(".*.partial"))
+        assert not list((disk / "out").rglob(f"{TEMPORARY}*"))
         text = (disk / "out" / "events.jsonl").read_text()
         assert all(json.loads(line) for line in text.splitlines())  # no cut-off line
         problems = node.problems()

@@ -24,6 +24,7 @@ from cloud.auth import require
 from cloud.clips import encode_clip
 from cloud.db import Event, EventFrame, StoredFrame, as_utc
 from cloud.framestore import FrameStore
+from cloud.links import clip_path, frame_path
 from cloud.routers import SessionDep, StoreDep, not_found
 from cloud.schemas import EventOut, EventPage, FrameOut, errors
 from models.errors import FilterForwardError
@@ -106,7 +107,7 @@ def event_frames(event_id: RowId, session: SessionDep) -> list[FrameOut]:
             stream_time=frame.stream_time,
             captured_at=frame.captured_at,
             scores=frame.scores,
-            image_url=frame_url(frame.id) if frame.path else None,
+            image_url=frame_path(frame.id) if frame.path else None,
         )
         for frame in _frames_of(session, _event(session, event_id))
     ]
@@ -192,13 +193,9 @@ def event_out(event: Event, frames: int, thumbnail: int | None) -> EventOut:
         ended_at=event.ended_at,
         open=event.ended_at is None,
         frames=frames,
-        thumbnail_url=frame_url(thumbnail) if thumbnail is not None else None,
-        clip_url=f"/api/events/{event.id}/clip.mp4",
+        thumbnail_url=frame_path(thumbnail) if thumbnail is not None else None,
+        clip_url=clip_path(event.id),
     )
-
-
-def frame_url(frame_id: int) -> str:
-    return f"/api/frames/{frame_id}.jpg"
 
 
 def _event(session: Session, event_id: int) -> Event:
