@@ -1,0 +1,176 @@
+"""Development check for the default filter's tap rule, on frames the generalization benchmark never tests.
+
+Every case below lies inside a benchmark clip's training prefix (bench/generalization.py, `train_stop`), so
+the benchmark's test frames are never read here. Each case trains on its own prefix and tests on the rest of
+that prefix, which holds an occurrence its training never saw. For each case, size and seed, the default
+filter's two candidates (models/model_selection.py CANDIDATES, each an ensemble) are cross-validated and
+trained; both are replayed over the case's test frames. A tap rule (which candidate to take given the two
+cross-validated estimates) is then scored by the test F1 of what it takes. This decides the rule; the
+benchmark is run once afterwards to report it.
+
+    python bench/tap_rule.py --seeds 0-2 --sizes half --json bench/out/tap_rule.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from generalization import CLIPS, REPO, Clip, Event, input_size, open_clip, seed_range
+
+from edge.replay import replay
+from models.bundle import load_bundle
+from models.datasets import LabelledDataset
+from models.evaluation import BOUNDARY_TOLERANCE, event_f1
+from models.model_selection import CANDIDATES, ENSEMBLE, TIE
+
+log = logging.getLogger("bench.tap_rule")
+
+
+@dataclass(frozen=True)
+class Case:
+    clip: str  # a CLIPS folder: its events and polygons come from there unless `polygon` is given
+    event: str
+    train_stop: int  # train on 0..train_stop-1 ...
+    test_stop: int  # ... test on train_stop..test_stop-1, all inside the benchmark's training prefix
+    polygon: str | None = None
+
+
+# Occurrences (first-last frame) in this case's train | test, all before the benchmark's split:
+#   car vehicle_present 54-108 | 181-211 (the silver and red cars entering); split 212
+#   adl near_camera 21-37 | 103-246; adl bottom_right (x >= 960, y >= 800 px, SOURCE.md) 48-187 | 196-200,
+#   233-293; adl bottom_left (x < 960, y >= 800 px) 21-78 | 142-267; split 300
+CASES = (
+    Case("intel-car-detection", "vehicle_present", 150, 212),
+    Case("adl-rundle-6", "near_camera", 80, 300),
+    Case("adl-rundle-6", "bottom_right", 190, 300, "0.5,0.7407 1,0.7407 1,1 0.5,1"),
+    Case("adl-rundle-6", "bottom_left", 100, 300, "0,0.7407 0.5,0.7407 0.5,1 0,1"),
+)
+
+
+@dataclass
+class Outcome:
+    case: str
+    size: str
+    seed: int
+    estimates: dict[str, float]  # candidate -> cross-validated event F1
+    test_f1: dict[str, float]  # candidate -> event F1 on the case's test frames
+
+
+Rule = Callable[[dict[str, float]], str]
+
+
+def prefer(first: str, second: str) -> Rule:
+    """Take `first` unless `second`'s estimate beats it by more than TIE."""
+    return lambda estimates: second if estimates[second] > estimates[first] + TIE else first
+
+
+def candidate_name(architecture: str, tap: str) -> str:
+    return f"{architecture}@{tap}"
+
+
+def case_clip(case: Case) -> Clip:
+    clip = next(c for c in CLIPS if c.folder == case.clip)
+    events = clip.events if case.polygon is None else (Event(case.event, case.polygon),)
+    return dataclasses.replace(clip, events=events, train_stop=case.train_stop)
+
+
+def run_case(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[int]) -> list[Outcome]:
+    from models.training import TrainConfig, train_mc
+
+    outcomes = []
+    test = (case.train_stop, case.test_stop)
+    with tempfile.TemporaryDirectory(prefix="ff-tap-rule-") as folder:
+        bundles: dict[Path, tuple[int, str, float]] = {}
+        for seed in seeds:
+            for architecture, tap in CANDIDATES:
+                name = candidate_name(architecture, tap)
+                config = TrainConfig(
+                    event=case.event,
+                    architecture=architecture,
+                    tap=tap,
+                    input_size=input_size(dataset, size),
+                    roi=dataset.roi(case.event),
+                    frames=(0, case.train_stop),
+                    seed=seed,
+                    ensemble=ENSEMBLE,
+                    name=f"{case.event}-{tap}-{seed}".replace("_", "-"),
+                )
+                bundle = Path(folder) / f"{tap}-{seed}"
+                started = time.perf_counter()
+                spec = train_mc(dataset, config, bundle, progress=False).spec
+                estimate = spec.validation.event_f1 if spec.validation else -1.0
+                bundles[bundle] = (seed, name, estimate)
+                log.info(
+                    "%s %s %s seed %d: estimate %.3f, %.1f s",
+                    case.clip,
+                    case.event,
+                    name,
+                    seed,
+                    estimate,
+                    time.perf_counter() - started,
+                )
+        sink = replay(dataset, list(bundles), test, progress=False)
+        truth = dataset.labels[case.event][test[0] : test[1]]
+        by_seed: dict[int, Outcome] = {}
+        for bundle, (seed, name, estimate) in bundles.items():
+            matched = np.asarray(sorted(sink.frames.get(load_bundle(bundle)[0].name, ())), int)
+            predicted = np.zeros(test[1] - test[0], bool)
+            predicted[matched - test[0]] = True
+            outcome = by_seed.setdefault(seed, Outcome(f"{case.clip} {case.event}", size, seed, {}, {}))
+            outcome.estimates[name] = estimate
+            outcome.test_f1[name] = event_f1(truth, predicted, BOUNDARY_TOLERANCE).f1
+        outcomes += by_seed.values()
+    return outcomes
+
+
+def rules() -> dict[str, Rule]:
+    mid, late = (candidate_name(*candidate) for candidate in CANDIDATES)
+    return {f"prefer {mid}": prefer(mid, late), f"prefer {late}": prefer(late, mid)}
+
+
+def print_report(outcomes: list[Outcome]) -> None:
+    names = [candidate_name(*candidate) for candidate in CANDIDATES]
+    print(f"\n{'case':<34} {'size':<5} {'seed':>4}  " + "  ".join(f"{n + ' est/test':>24}" for n in names))
+    for o in outcomes:
+        cells = "  ".join(f"{o.estimates[n]:>11.3f} / {o.test_f1[n]:<10.3f}" for n in names)
+        print(f"{o.case:<34} {o.size:<5} {o.seed:>4}  {cells}")
+    print(f"\n{'rule':<34} {'test F1 mean':>12} {'worst':>6}")
+    for label, rule in rules().items():
+        taken = [o.test_f1[rule(o.estimates)] for o in outcomes]
+        print(f"{label:<34} {statistics.fmean(taken):12.3f} {min(taken):6.3f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    log.setLevel(logging.INFO)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="folder with the clips")
+    parser.add_argument("--seeds", type=seed_range, default=(0, 1, 2), help="seeds, e.g. 0-2 (default)")
+    parser.add_argument("--sizes", default="half", help="comma-separated: default, half (default: half)")
+    parser.add_argument("--json", type=Path, help="also write every outcome as JSON here")
+    args = parser.parse_args(argv)
+    outcomes: list[Outcome] = []
+    for case in CASES:
+        dataset = open_clip(case_clip(case), args.data)
+        for size in args.sizes.split(","):
+            outcomes += run_case(case, dataset, size, args.seeds)
+        print_report(outcomes)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([dataclasses.asdict(o) for o in outcomes], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
