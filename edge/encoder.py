@@ -43,11 +43,11 @@ class ClipEncoder:
     def __init__(self, width: int, height: int, fps: float, crf: int = 23, preset: str = DEFAULT_PRESET) -> None:
         if width < 1 or height < 1:
             raise FilterForwardError(f"clip size must be positive, got {width}x{height}")
-        _check_settings(fps, crf=crf, bitrate=None)
+        check_settings(fps, crf=crf, bitrate=None)
         self.width, self.height = width, height
         self._buffer = io.BytesIO()
         self._container = av.open(self._buffer, mode="w", format="mp4")
-        self._stream = self._container.add_stream(CODEC, rate=_rate(fps))
+        self._stream = self._container.add_stream(CODEC, rate=rate(fps))
         _configure(self._stream.codec_context, width, height, fps, crf=crf, bitrate=None, preset=preset)
         self._frames = 0
         self._finished = False
@@ -57,7 +57,7 @@ class ClipEncoder:
         if self._finished:
             raise RuntimeError("ClipEncoder.add() after finish()")
         _check_image(frame_bgr, channels=(3,), size=(self.width, self.height))
-        self._container.mux(self._stream.encode(_video_frame(frame_bgr, self._frames)))
+        self._container.mux(self._stream.encode(video_frame(frame_bgr, self._frames)))
         self._frames += 1
 
     def finish(self) -> bytes:
@@ -85,7 +85,7 @@ def encode_stream_h264(
     """
     if (crf is None) == (bitrate is None):
         raise FilterForwardError("give exactly one of crf (e.g. 23) or bitrate (bit/s, e.g. 500000)")
-    _check_settings(fps, crf=crf, bitrate=bitrate)
+    check_settings(fps, crf=crf, bitrate=bitrate)
     context: VideoCodecContext | None = None
     size = (0, 0)
     total = 0
@@ -97,7 +97,7 @@ def encode_stream_h264(
             context = av.CodecContext.create(CODEC, "w")
             _configure(context, *size, fps, crf=crf, bitrate=bitrate, preset=preset)
         _check_image(frame, channels=(3,), size=size)
-        total += sum(packet.size for packet in context.encode(_video_frame(frame, index)))
+        total += sum(packet.size for packet in context.encode(video_frame(frame, index)))
     if context is None:
         raise FilterForwardError("the stream to encode has no frames: check the video source")
     total += sum(packet.size for packet in context.encode(None))
@@ -116,7 +116,7 @@ def _configure(
 ) -> None:
     context.width, context.height = _even(width), _even(height)
     context.pix_fmt = PIXEL_FORMAT
-    context.framerate = _rate(fps)
+    context.framerate = rate(fps)
     context.time_base = 1 / context.framerate
     options = {"preset": preset}
     if crf is not None:
@@ -126,16 +126,16 @@ def _configure(
     context.options = options
 
 
-def _check_settings(fps: float, crf: int | None, bitrate: int | None) -> None:
+def check_settings(fps: float, crf: int | None, bitrate: int | None) -> None:
     """Raise FilterForwardError on a setting libx264 would reject, before any encoder is opened."""
     if crf is not None and not 0 <= crf <= 51:
         raise FilterForwardError(f"H.264 CRF must be 0..51 (lower is better quality), got {crf}")
     if bitrate is not None and bitrate <= 0:
         raise FilterForwardError(f"H.264 bitrate must be > 0 bit/s, got {bitrate}")
-    _rate(fps)
+    rate(fps)
 
 
-def _rate(fps: float) -> Fraction:
+def rate(fps: float) -> Fraction:
     if not fps > 0:
         raise FilterForwardError(f"fps must be > 0, got {fps}")
     return Fraction(fps).limit_denominator(1001)
@@ -145,7 +145,7 @@ def _even(size: int) -> int:
     return size + size % 2
 
 
-def _video_frame(image_bgr: np.ndarray, pts: int) -> av.VideoFrame:
+def video_frame(image_bgr: np.ndarray, pts: int) -> av.VideoFrame:
     height, width = image_bgr.shape[:2]
     if width % 2 or height % 2:
         image_bgr = cv2.copyMakeBorder(image_bgr, 0, height % 2, 0, width % 2, cv2.BORDER_REPLICATE)

@@ -1,5 +1,5 @@
-"""Small helpers the process- and socket-level tests share: a free loopback port, polling with a bound, and a
-subscriber on the local Mosquitto broker."""
+"""Small helpers the tests share: a free loopback port, polling with a bound, a subscriber on the local
+Mosquitto broker, and frames read from a real clip."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import cv2
+import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
@@ -61,3 +64,16 @@ class MqttSubscriber:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+def clip_frames(clip: Path, first: int, count: int, size: tuple[int, int]) -> list[np.ndarray]:
+    """`count` BGR frames of a video from frame `first` on, resized to `size` (width, height)."""
+    capture = cv2.VideoCapture(str(clip))
+    capture.set(cv2.CAP_PROP_POS_FRAMES, first)
+    out = []
+    while len(out) < count:
+        ok, frame = capture.read()
+        assert ok, f"{clip} ended before frame {first + count}"
+        out.append(cv2.resize(frame, size, interpolation=cv2.INTER_AREA))
+    capture.release()
+    return out

@@ -10,6 +10,7 @@ import av
 import cv2
 import numpy as np
 import pytest
+from support import clip_frames
 
 from edge.encoder import ClipEncoder, encode_jpeg, encode_stream_h264
 from models.errors import FilterForwardError
@@ -21,15 +22,7 @@ SIZE = (192, 108)  # (width, height): the clip downscaled 4x
 @pytest.fixture(scope="module")
 def frames(intel_car: Path) -> list[np.ndarray]:
     """16 frames while car A drives through (from frame 54), downscaled."""
-    capture = cv2.VideoCapture(str(intel_car / "car-detection.mp4"))
-    capture.set(cv2.CAP_PROP_POS_FRAMES, 54)
-    out = []
-    while len(out) < 16:
-        ok, frame = capture.read()
-        assert ok, "the clip ended early"
-        out.append(cv2.resize(frame, SIZE, interpolation=cv2.INTER_AREA))
-    capture.release()
-    return out
+    return clip_frames(intel_car / "car-detection.mp4", 54, 16, SIZE)
 
 
 def decode_mp4(data: bytes) -> tuple[list[np.ndarray], Fraction]:

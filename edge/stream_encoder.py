@@ -1,0 +1,119 @@
+"""One camera's matched frames as one inter-frame-coded H.264 stream, cut into fragments of about a second.
+
+Long GOPs are where the savings are (a keyframe of a fixed camera costs 10-20 P-frames), so a keyframe is
+forced only where a reader must be able to start: at each event start (`new_gop()`), and at most every
+`keyframe_interval` seconds of stream time so a long event stays seekable. x264 runs with zero latency
+(no B-frames, no look-ahead): every frame's access unit comes out of `add()` at once, so a fragment can be
+closed and sent as soon as it spans `fragment_seconds`, or when the uplink cuts it (an event ended, the
+camera went idle). Frames are BGR uint8 arrays of one size per camera.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import av
+import numpy as np
+from av.video.codeccontext import VideoCodecContext
+
+from common.fragment import Fragment, FragmentHeader, FrameEntry
+from edge.encoder import CODEC, DEFAULT_PRESET, PIXEL_FORMAT, check_settings, rate, video_frame
+from models.errors import FilterForwardError
+
+FRAGMENT_SECONDS = 1.0
+KEYFRAME_INTERVAL = 10.0  # seconds of stream time between keyframes inside one long event
+
+
+class StreamEncoder:
+    """`add()` each matched frame in stream order; it returns a fragment when one closes. `new_gop()` before
+    an event's first frame; `cut()` closes the open fragment early (the last frames of an event)."""
+
+    def __init__(
+        self,
+        fps: float,
+        crf: int = 23,
+        preset: str = DEFAULT_PRESET,
+        keyframe_interval: float = KEYFRAME_INTERVAL,
+        fragment_seconds: float = FRAGMENT_SECONDS,
+        bitrate_cap: int | None = None,
+    ) -> None:
+        check_settings(fps, crf=crf, bitrate=bitrate_cap)
+        if not keyframe_interval > 0 or not fragment_seconds > 0:
+            raise FilterForwardError(
+                f"keyframe_interval and fragment_seconds must be > 0 s, got {keyframe_interval} and {fragment_seconds}"
+            )
+        self.fps = rate(fps)
+        self._settings = (crf, preset, bitrate_cap)
+        self.keyframe_interval, self.fragment_seconds = keyframe_interval, fragment_seconds
+        self._context: VideoCodecContext | None = None
+        self._frame_size = self._size = (0, 0)  # the camera's frames; the encoded (even) size
+        self._gop = -1  # counted from this encoder's start: an edge restart starts a new GOP
+        self._keyframe_time = -np.inf
+        self._force_keyframe = True
+        self._entries: list[FrameEntry] = []
+        self._units: list[bytes] = []
+        self._pts = 0
+
+    def new_gop(self) -> Fragment | None:
+        """The next frame starts a GOP (an event starts there); the open fragment, if any, is closed."""
+        self._force_keyframe = True
+        return self.cut()
+
+    def add(self, frame_bgr: np.ndarray, index: int, time: float) -> Fragment | None:
+        """Encode the camera's frame `index` (stream time `time` in seconds); a fragment if this closed one."""
+        context = self._open(frame_bgr)
+        closed = None
+        # Half a frame of slack: stream times are floats (frame index / fps).
+        keyframe = self._force_keyframe or time - self._keyframe_time >= self.keyframe_interval - 0.5 / self.fps
+        if keyframe:
+            closed = self.cut()  # a fragment never spans two GOPs
+            self._gop += 1
+            self._keyframe_time = time
+            self._force_keyframe = False
+        picture = video_frame(frame_bgr, self._pts)
+        if keyframe:
+            picture.pict_type = av.video.frame.PictureType.I
+        self._pts += 1
+        packets = context.encode(picture)
+        if len(packets) != 1:  # zero latency: one access unit per frame, at once
+            raise FilterForwardError(f"the H.264 encoder returned {len(packets)} packets for one frame")
+        unit = bytes(packets[0])
+        self._entries.append(FrameEntry(index=index, time=time, keyframe=packets[0].is_keyframe, size=len(unit)))
+        self._units.append(unit)
+        if time - self._entries[0].time + 1 / self.fps >= self.fragment_seconds:
+            return closed or self.cut()
+        return closed
+
+    def cut(self) -> Fragment | None:
+        """Close the open fragment now; None if it holds no frame."""
+        if not self._entries:
+            return None
+        width, height = self._size
+        header = FragmentHeader(gop=self._gop, width=width, height=height, fps=str(self.fps), frames=self._entries)
+        fragment = Fragment(header, tuple(self._units))
+        self._entries, self._units = [], []
+        return fragment
+
+    def _open(self, frame_bgr: np.ndarray) -> VideoCodecContext:
+        height, width = frame_bgr.shape[:2]
+        if self._context is not None:
+            if (width, height) != self._frame_size:
+                raise FilterForwardError(
+                    f"a camera's frames must keep one size: got {width}x{height} after {self._frame_size[0]}x"
+                    f"{self._frame_size[1]}"
+                )
+            return self._context
+        crf, preset, bitrate_cap = self._settings
+        context = av.CodecContext.create(CODEC, "w")
+        context.width, context.height = width + width % 2, height + height % 2
+        context.pix_fmt = PIXEL_FORMAT
+        context.framerate = self.fps
+        context.time_base = 1 / Fraction(self.fps)
+        # Keyframes are forced by this class only (event starts, the interval); scenecut still inserts one
+        # where the picture changes completely. Parameter sets go with every keyframe: each GOP decodes alone.
+        params = "repeat-headers=1:forced-idr=1:keyint=infinite"
+        if bitrate_cap is not None:
+            params += f":vbv-maxrate={bitrate_cap // 1000}:vbv-bufsize={bitrate_cap // 1000}"
+        context.options = {"preset": preset, "crf": str(crf), "tune": "zerolatency", "x264-params": params}
+        self._context, self._frame_size, self._size = context, (width, height), (context.width, context.height)
+        return context

@@ -1,0 +1,145 @@
+"""The matched-frame H.264 stream: fragments cut on time, keyframes only where a reader starts, the wire
+format, and the cloud's joined MP4 and on-demand JPEG, all on real frames of the car clip."""
+
+from __future__ import annotations
+
+import io
+import struct
+from pathlib import Path
+
+import av
+import cv2
+import numpy as np
+import pytest
+from support import clip_frames
+
+from cloud.fragments import frame_jpeg, join_mp4
+from common.fragment import Fragment, FragmentError, pack, unpack
+from edge.encoder import encode_jpeg
+from edge.stream_encoder import StreamEncoder
+from models.errors import FilterForwardError
+
+FPS = 12.5
+SIZE = (192, 108)
+FIRST = 40  # frames FIRST.. of the clip: car A drives through
+
+
+@pytest.fixture(scope="module")
+def frames(intel_car: Path) -> list[np.ndarray]:
+    return clip_frames(intel_car / "car-detection.mp4", FIRST, 80, SIZE)
+
+
+def encode(
+    frames: list[np.ndarray], events: list[range], encoder: StreamEncoder | None = None
+) -> tuple[list[Fragment], dict[int, np.ndarray]]:
+    """The fragments of the frames inside `events` (ranges of positions in `frames`), as the uplink would
+    drive the encoder, each passed through the wire format; and the frames sent by camera index."""
+    encoder = encoder or StreamEncoder(FPS, preset="veryfast")
+    fragments, sent = [], {}
+    for event in events:
+        closed = [encoder.new_gop()]
+        for position in event:
+            index = FIRST + position
+            closed.append(encoder.add(frames[position], index, index / FPS))
+            sent[index] = frames[position]
+        closed.append(encoder.cut())
+        fragments += [unpack(pack(f)) for f in closed if f is not None]
+    return fragments, sent
+
+
+def mean_abs_error(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
+
+
+def test_fragments_close_after_about_a_second_and_keyframes_start_each_event(frames: list[np.ndarray]) -> None:
+    fragments, sent = encode(frames, [range(0, 30), range(45, 80)])
+    spans = [f.header.frames[-1].time - f.header.frames[0].time + 1 / FPS for f in fragments]
+    # Every fragment but an event's last is a second of frames (13 at 12.5 fps); none is longer.
+    assert all(span <= 1 + 1 / FPS for span in spans)
+    assert sorted(len(f.header.frames) for f in fragments) == [4, 9, 13, 13, 13, 13]
+    keyframes = [e.index for f in fragments for e in f.header.frames if e.keyframe]
+    assert keyframes == [FIRST, FIRST + 45]  # one per event start, none inside a 3 s event
+    assert [f.header.gop for f in fragments] == [0, 0, 0, 1, 1, 1]
+    assert [e.index for f in fragments for e in f.header.frames] == sorted(sent)
+
+
+def test_a_long_event_gets_a_keyframe_every_interval(frames: list[np.ndarray]) -> None:
+    encoder = StreamEncoder(FPS, preset="veryfast", keyframe_interval=2.0)
+    fragments, _ = encode(frames, [range(0, 80)], encoder)
+    keyframes = [e.index - FIRST for f in fragments for e in f.header.frames if e.keyframe]
+    assert keyframes == [0, 25, 50, 75]
+    assert all(f.starts_gop == (f.header.frames[0].index - FIRST in keyframes) for f in fragments)
+
+
+def test_the_joined_mp4_plays_every_sent_frame_at_its_stream_time(frames: list[np.ndarray]) -> None:
+    fragments, sent = encode(frames, [range(0, 30), range(45, 80)])
+    with av.open(io.BytesIO(join_mp4(fragments))) as container:
+        decoded = [(float(p.time), p.to_ndarray(format="bgr24")) for p in container.decode(video=0)]
+    assert len(decoded) == len(sent)
+    times = [time for time, _ in decoded]
+    assert times[30] - times[29] == pytest.approx(16 / FPS, abs=0.002)  # the gap between the events is kept
+    for (_, picture), original in zip(decoded, sent.values(), strict=True):
+        assert mean_abs_error(picture, original) < 6
+
+
+def test_a_frame_decodes_to_jpeg_from_the_start_of_its_gop(frames: list[np.ndarray]) -> None:
+    fragments, sent = encode(frames, [range(0, 30), range(45, 80)])
+    second_gop = [f for f in fragments if f.header.gop == 1]
+    for index in (FIRST + 45, FIRST + 70, FIRST + 79):
+        holding = [f for f in second_gop if f.header.frames[0].index <= index]
+        image = cv2.imdecode(np.frombuffer(frame_jpeg(holding, index), np.uint8), cv2.IMREAD_COLOR)
+        assert image.shape == sent[index].shape
+        assert mean_abs_error(image, sent[index]) < 6
+    with pytest.raises(FilterForwardError, match="frame 41 is not in the stored fragments"):
+        frame_jpeg(second_gop, FIRST + 1)
+
+
+def test_the_stream_costs_far_less_than_a_jpeg_per_frame(frames: list[np.ndarray]) -> None:
+    fragments, sent = encode(frames, [range(0, 80)])
+    h264 = sum(len(pack(f)) for f in fragments)  # the wire bytes, headers included
+    jpeg = sum(len(encode_jpeg(frame, 80)) for frame in sent.values())
+    assert h264 * 3 < jpeg
+
+
+def test_a_gop_without_its_keyframe_is_refused(frames: list[np.ndarray]) -> None:
+    fragments, _ = encode(frames, [range(0, 30)])
+    with pytest.raises(FilterForwardError, match="must start at a keyframe"):
+        join_mp4(fragments[1:])
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "at least 4 bytes"),
+        (struct.pack(">I", 999) + b"{}", "does not fit"),
+        (struct.pack(">I", 2) + b"{}", "header is invalid: gop"),
+        (struct.pack(">I", 3) + b"{x}", "header is invalid"),
+    ],
+)
+def test_bytes_that_are_not_a_fragment_get_one_line(data: bytes, message: str) -> None:
+    with pytest.raises(FragmentError, match=message) as error:
+        unpack(data)
+    assert "\n" not in str(error.value)
+
+
+def test_a_fragment_cut_short_is_refused(frames: list[np.ndarray]) -> None:
+    fragments, _ = encode(frames, [range(0, 5)])
+    data = pack(fragments[0])
+    with pytest.raises(FragmentError, match="sizes add up to a different length"):
+        unpack(data[:-1])
+
+
+def test_a_camera_whose_frame_size_changes_is_refused(frames: list[np.ndarray]) -> None:
+    encoder = StreamEncoder(FPS)
+    encoder.add(frames[0], 0, 0.0)
+    with pytest.raises(FilterForwardError, match="must keep one size: got 96x54 after 192x108"):
+        encoder.add(cv2.resize(frames[1], (96, 54)), 1, 0.08)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [({"crf": 60}, "CRF must be 0..51"), ({"fps": 0}, "fps must be > 0"), ({"fragment_seconds": 0}, "must be > 0 s")],
+)
+def test_bad_settings_are_refused_before_encoding(settings: dict, message: str) -> None:
+    with pytest.raises(FilterForwardError, match=message):
+        StreamEncoder(**{"fps": FPS, **settings})
