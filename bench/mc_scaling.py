@@ -262,14 +262,14 @@ def build_configs(settings: Settings, base: BaseDNN, frames: Sequence[Frame], fp
 
 def classifier_macs(kind: Kind, tap_shape: tuple[int, int, int]) -> float:
     """Multiply-accumulates of one classifier of this kind, averaged over the ROI boxes it cycles through."""
-    from models.microclassifiers import build_mc, count_macs, example_inputs
+    from models.microclassifiers import build_mc, count_macs
 
     channels, height, width = tap_shape
     total = 0
     for roi in kind.roi_boxes:
         crop = (channels, *roi.cell_shape(height, width))
         model = build_mc(kind.architecture, channels, crop[1:], window=WINDOW)
-        total += count_macs(model, example_inputs(model, crop))
+        total += count_macs(model, model.example_inputs(crop))
     return total / len(kind.roi_boxes)
 
 

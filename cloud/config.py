@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, HttpUrl, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from cloud.notify import CHANNELS
 from common.configfile import ConfigPath, FolderPath, read_config
 
 Scope = Literal["read", "write"]
@@ -52,21 +53,12 @@ class RetentionConfig(BaseModel):
     interval: float = Field(60.0, gt=0, description="seconds between retention sweeps")
 
 
-class MqttConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    host: str
-    port: int = Field(1883, ge=1, le=65535)
-    username: str | None = None
-    password: str | None = None
-    topic_prefix: str = Field(
-        "filterforward",
-        pattern=r"^[^+#\x00/][^+#\x00]*$",
-        description="events go to <prefix>/<camera>/<filter>/<start|end>; plain topic levels, no + or #",
-    )
+def notification_keys() -> type[BaseModel]:
+    """A model with one key per notification channel type (mqtt, webhooks), holding the settings it takes."""
+    return create_model("Notifications", **{channel.name: channel.field for channel in CHANNELS.values()})
 
 
-class CloudConfig(BaseModel):
+class CloudConfig(notification_keys()):
     model_config = ConfigDict(extra="forbid")
 
     data_dir: FolderPath = Field(
@@ -79,8 +71,6 @@ class CloudConfig(BaseModel):
     tokens: list[TokenConfig] = Field(min_length=1)
     zmq: ZmqConfig
     retention: RetentionConfig = RetentionConfig()
-    mqtt: MqttConfig | None = None
-    webhooks: list[HttpUrl] = Field(default_factory=list, description="URLs that get each event start/end as JSON")
     max_upload_bytes: int = Field(16 * 2**20, gt=0, description="limit on an uploaded MC model")
 
     @property

@@ -1,8 +1,12 @@
-"""Event start/end notifications to MQTT and webhooks, sent from background threads so ingest never waits on them."""
+"""Event start/end notifications to MQTT and webhooks, sent from background threads so ingest never waits on them.
+
+Each channel type (CHANNELS) brings its key of the cloud config with the settings it takes, its counters and
+the senders those settings set up: cloud.config builds its notification keys from it, and the Notifier
+queues every event for every sender.
+"""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
@@ -13,22 +17,24 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.client import HTTPException
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
-from cloud.config import CloudConfig, MqttConfig
+from models.registry import Registry
 
 if TYPE_CHECKING:
+    from cloud.config import CloudConfig
     from cloud.storage import Notification
 
 log = logging.getLogger(__name__)
 
-COUNT_NAMES = ("mqtt_published", "mqtt_failed", "webhook_sent", "webhook_failed", "dropped")
+DROPPED = "dropped"  # the counter of messages a full or closed queue threw away, whatever the channel
 WEBHOOK_TRIES = 3
 WEBHOOK_TIMEOUT = 5.0  # seconds per try
 WEBHOOK_BACKOFF = 0.5  # seconds before the 2nd try, doubled before each later one
@@ -36,14 +42,48 @@ MQTT_RECONNECT_MAX = 10  # seconds between reconnect attempts at most, so a brok
 DROP_LOG_EVERY = 100  # a full queue logs its 1st drop and every 100th, not each one
 
 Count = Callable[[str, int], None]
-Sender = Callable[["_Message", threading.Event], None]
 
 
 @dataclass(frozen=True)
-class _Message:
+class Message:
     label: str  # names the notification in logs
-    topic: str
+    topic: str  # <camera>/<filter>/<start|end>, plain MQTT topic levels below a channel's own prefix
     body: bytes
+
+
+@dataclass(frozen=True)
+class Tally:
+    """One channel type's counters: messages delivered, and messages given up on."""
+
+    count: Count
+    delivered: str
+    failed: str
+
+    def sent(self, n: int = 1) -> None:
+        self.count(self.delivered, n)
+
+    def lost(self, n: int = 1) -> None:
+        self.count(self.failed, n)
+
+
+class Sender(Protocol):
+    """One destination; send() runs on its outbox's thread, close() after the outbox is drained."""
+
+    name: str  # for logs
+
+    def send(self, message: Message, stop: threading.Event) -> None: ...
+
+    def close(self, deadline: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChannelType:
+    """A kind of notification destination, as the cloud config sets it up."""
+
+    name: str  # its key in the cloud config
+    field: tuple[Any, Any]  # that key's type and default (or pydantic Field)
+    counters: tuple[str, str]  # its Tally's names: delivered, failed
+    open: Callable[[Any, Tally], list[Sender]]  # the senders the key's value asks for (none when unset)
 
 
 def topic_level(name: str) -> str:
@@ -61,24 +101,23 @@ def _display(url: str) -> str:
 class _Outbox:
     """A bounded FIFO drained by its own thread: a slow or dead destination delays only itself."""
 
-    def __init__(self, name: str, send: Sender, size: int, count: Count, failed: str) -> None:
-        self.name = name
-        self._send = send
+    def __init__(self, sender: Sender, size: int, tally: Tally) -> None:
+        self.name = sender.name
+        self._send = sender.send
         self._size = size
-        self._count = count
-        self._failed = failed  # the counter for messages close() abandons
-        self._items: deque[_Message] = deque()
+        self._tally = tally
+        self._items: deque[Message] = deque()
         self._wake = threading.Condition()
         self._closing = False
         self._dropped = 0
         self.stop = threading.Event()  # set when close gives up waiting: senders stop waiting and retrying
-        self._thread = threading.Thread(target=self._run, name=f"notify {name}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"notify {self.name}", daemon=True)
         self._thread.start()
 
-    def put(self, message: _Message) -> None:
+    def put(self, message: Message) -> None:
         with self._wake:
             if self._closing:
-                dropped: _Message | None = message
+                dropped: Message | None = message
             else:
                 dropped = self._items.popleft() if len(self._items) >= self._size else None
                 self._items.append(message)
@@ -87,7 +126,7 @@ class _Outbox:
                 self._dropped += 1
                 total = self._dropped
         if dropped is not None:
-            self._count("dropped", 1)
+            self._tally.count(DROPPED, 1)
             if total == 1 or total % DROP_LOG_EVERY == 0:
                 why = "notifier is closed" if self._closing else f"queue is full ({self._size})"
                 log.warning("notification to %s dropped (%s), %d so far: %s", self.name, why, total, dropped.label)
@@ -109,7 +148,7 @@ class _Outbox:
             self._items.clear()
         if left:
             log.warning("%d notifications to %s not sent before close", left, self.name)
-            self._count(self._failed, left)
+            self._tally.lost(left)
 
     def _run(self) -> None:
         while True:
@@ -125,12 +164,27 @@ class _Outbox:
                 log.exception("sending %s to %s failed", message.label, self.name)
 
 
+class MqttConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password: str | None = None
+    topic_prefix: str = Field(
+        "filterforward",
+        pattern=r"^[^+#\x00/][^+#\x00]*$",
+        description="events go to <prefix>/<camera>/<filter>/<start|end>; plain topic levels, no + or #",
+    )
+
+
 class _Mqtt:
     """A paho client on its own network thread that reconnects by itself; QoS 1 publishes are counted on PUBACK."""
 
-    def __init__(self, config: MqttConfig, count: Count) -> None:
+    def __init__(self, config: MqttConfig, tally: Tally) -> None:
         self.name = f"MQTT broker {config.host}:{config.port}"
-        self._count = count
+        self._prefix = config.topic_prefix.rstrip("/")  # validated: no wildcards
+        self._tally = tally
         self._connected = threading.Event()
         self._trouble_logged = False  # log a broker that is down or refuses us once, not at every retry
         self._acks = threading.Condition()
@@ -149,20 +203,20 @@ class _Mqtt:
         client.loop_start()
         self._client = client
 
-    def send(self, message: _Message, stop: threading.Event) -> None:
+    def send(self, message: Message, stop: threading.Event) -> None:
         # Wait here while the broker is away, so the backlog stays in the bounded outbox rather than in paho.
         while not self._connected.wait(0.2):
             if stop.is_set():
-                self._count("mqtt_failed", 1)
+                self._tally.lost()
                 return
         with self._acks:  # counted before publishing: its PUBACK may arrive before publish() returns
             self._handed += 1
-        info = self._client.publish(message.topic, message.body, qos=1)
+        info = self._client.publish(f"{self._prefix}/{message.topic}", message.body, qos=1)
         if info.rc not in (mqtt.MQTT_ERR_SUCCESS, mqtt.MQTT_ERR_NO_CONN):  # NO_CONN: paho resends it on reconnect
             with self._acks:
                 self._handed -= 1
             log.warning("%s refused %s: %s", self.name, message.label, mqtt.error_string(info.rc))
-            self._count("mqtt_failed", 1)
+            self._tally.lost()
 
     def close(self, deadline: float) -> None:
         """Wait for outstanding PUBACKs until `deadline`, count the rest as failed, disconnect."""
@@ -172,7 +226,7 @@ class _Mqtt:
             self._handed = self._acked  # so late PUBACKs cannot make the counts add up to more than was sent
         if unacked:
             log.warning("%s did not acknowledge %d notifications before close", self.name, unacked)
-            self._count("mqtt_failed", unacked)
+            self._tally.lost(unacked)
         self._client.disconnect()
         self._client.loop_stop()
 
@@ -218,53 +272,82 @@ class _Mqtt:
                 return
             self._acked += 1
             self._acks.notify_all()
-        self._count("mqtt_published", 1)
+        self._tally.sent()
 
 
-def _post_webhook(url: str, count: Count, message: _Message, stop: threading.Event) -> None:
-    """POST the JSON; 3 tries with backoff, then log and count the failure."""
-    request = urllib.request.Request(
-        url, data=message.body, method="POST", headers={"Content-Type": "application/json"}
-    )
-    for attempt in range(WEBHOOK_TRIES):
-        try:
-            with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT) as response:
-                response.read()
-            count("webhook_sent", 1)
-            return
-        except (OSError, HTTPException) as error:  # URLError and HTTPError (4xx/5xx) are OSErrors
-            failure = error
-        if attempt + 1 < WEBHOOK_TRIES and stop.wait(WEBHOOK_BACKOFF * 2**attempt):
-            break
-    log.warning(
-        "webhook %s failed %d times for %s, giving up: %s", _display(url), WEBHOOK_TRIES, message.label, failure
-    )
-    count("webhook_failed", 1)
+class _Webhook:
+    """POSTs the JSON; 3 tries with backoff, then logs and counts the failure."""
+
+    def __init__(self, url: str, tally: Tally) -> None:
+        self.name = f"webhook {_display(url)}"
+        self._url = url
+        self._tally = tally
+
+    def send(self, message: Message, stop: threading.Event) -> None:
+        request = urllib.request.Request(
+            self._url, data=message.body, method="POST", headers={"Content-Type": "application/json"}
+        )
+        for attempt in range(WEBHOOK_TRIES):
+            try:
+                with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT) as response:
+                    response.read()
+                self._tally.sent()
+                return
+            except (OSError, HTTPException) as error:  # URLError and HTTPError (4xx/5xx) are OSErrors
+                failure = error
+            if attempt + 1 < WEBHOOK_TRIES and stop.wait(WEBHOOK_BACKOFF * 2**attempt):
+                break
+        log.warning("%s failed %d times for %s, giving up: %s", self.name, WEBHOOK_TRIES, message.label, failure)
+        self._tally.lost()
+
+    def close(self, deadline: float) -> None:
+        """Nothing to wait for: a POST is done when send() returns."""
+
+
+def _mqtt_senders(config: MqttConfig | None, tally: Tally) -> list[Sender]:
+    return [] if config is None else [_Mqtt(config, tally)]
+
+
+def _webhook_senders(urls: list[HttpUrl], tally: Tally) -> list[Sender]:
+    return [_Webhook(str(url), tally) for url in urls]
+
+
+CHANNELS: Registry[ChannelType] = Registry(
+    "notification channel",
+    [
+        ChannelType("mqtt", (MqttConfig | None, None), ("mqtt_published", "mqtt_failed"), _mqtt_senders),
+        ChannelType(
+            "webhooks",
+            (list[HttpUrl], Field(default_factory=list, description="URLs that get each event start/end as JSON")),
+            ("webhook_sent", "webhook_failed"),
+            _webhook_senders,
+        ),
+    ],
+)
 
 
 class Notifier:
-    """publish() queues an event start/end for the MQTT broker and each webhook; close() flushes (bounded wait)."""
+    """publish() queues an event start/end for every sender the config sets up; close() flushes (bounded wait)."""
 
     def __init__(self, config: CloudConfig, *, queue_size: int = 1000, close_wait: float = 10.0) -> None:
-        self.counts: dict[str, int] = dict.fromkeys(COUNT_NAMES, 0)
+        counters = [name for channel in CHANNELS.values() for name in channel.counters]
+        self.counts: dict[str, int] = dict.fromkeys([*counters, DROPPED], 0)
         self._lock = threading.Lock()
         self._close_wait = close_wait
-        # MqttConfig has validated the prefix (no wildcards).
-        self._prefix = config.mqtt.topic_prefix.rstrip("/") if config.mqtt else "filterforward"
-        self._mqtt = _Mqtt(config.mqtt, self._count) if config.mqtt else None
+        self._senders: list[Sender] = []
         self._outboxes: list[_Outbox] = []
-        if self._mqtt is not None:
-            self._outboxes.append(_Outbox(self._mqtt.name, self._mqtt.send, queue_size, self._count, "mqtt_failed"))
-        for url in map(str, config.webhooks):
-            send = functools.partial(_post_webhook, url, self._count)
-            self._outboxes.append(_Outbox(f"webhook {_display(url)}", send, queue_size, self._count, "webhook_failed"))
+        for channel in CHANNELS.values():
+            tally = Tally(self._count, *channel.counters)
+            for sender in channel.open(getattr(config, channel.name), tally):
+                self._senders.append(sender)
+                self._outboxes.append(_Outbox(sender, queue_size, tally))
 
     def publish(self, notification: Notification) -> None:
         """Queue one notification for every destination; never blocks (a full queue drops its oldest)."""
         event = notification.event
-        topic = f"{self._prefix}/{topic_level(event['camera'])}/{topic_level(event['filter'])}/{notification.phase}"
+        topic = f"{topic_level(event['camera'])}/{topic_level(event['filter'])}/{notification.phase}"
         body = json.dumps({**event, "phase": notification.phase}, default=str).encode()
-        message = _Message(f"event {event.get('uid')} {notification.phase}", topic, body)
+        message = Message(f"event {event.get('uid')} {notification.phase}", topic, body)
         for outbox in self._outboxes:
             outbox.put(message)
 
@@ -275,8 +358,8 @@ class Notifier:
             outbox.finish()
         for outbox in self._outboxes:
             outbox.join(deadline)
-        if self._mqtt is not None:
-            self._mqtt.close(deadline)
+        for sender in self._senders:
+            sender.close(deadline)
 
     def _count(self, name: str, n: int) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from models.errors import FilterForwardError, validation_summary
 from models.filterspec import FilterSpec
+from models.mc_kinds import MC_KINDS, MCKind
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,13 @@ def parse_spec(path: Path) -> FilterSpec:
         raise FilterForwardError(f"{path} is not a valid filter spec: {validation_summary(exc, 'spec')}") from None
 
 
+def io_names(kind: MCKind) -> tuple[list[str], list[str]]:
+    """ONNX input and output names of an MC of this kind: a windowed one also passes its history in and out."""
+    if kind.windowed:
+        return [FEATURES_INPUT, HISTORY_INPUT], [SCORE_OUTPUT, REDUCED_OUTPUT]
+    return [FEATURES_INPUT], [SCORE_OUTPUT]
+
+
 def crop_shape(spec: FilterSpec, tap_shape_chw: tuple[int, int, int]) -> tuple[int, int, int]:
     """(C, h, w) of the spec's ROI on a tap of shape (C, H, W)."""
     channels, height, width = tap_shape_chw
@@ -80,16 +88,17 @@ def check_mc_model(spec: FilterSpec, onnx_bytes: bytes, tap_shape_chw: tuple[int
     """
     if len(onnx_bytes) > MAX_MODEL_BYTES:
         raise FilterForwardError(_too_big(len(onnx_bytes)))
-    windowed = spec.architecture == "windowed"
-    if windowed and spec.window < 2:
+    kind = MC_KINDS[spec.architecture]
+    if kind.windowed and spec.window < 2:
         raise FilterForwardError(f"a windowed MC needs window >= 2 in its spec, got {spec.window}")
     session = _session(onnx_bytes)
-    _check_names("inputs", [i.name for i in session.get_inputs()], [FEATURES_INPUT, HISTORY_INPUT][: 1 + windowed])
-    _check_names("outputs", [o.name for o in session.get_outputs()], [SCORE_OUTPUT, REDUCED_OUTPUT][: 1 + windowed])
+    input_names, output_names = io_names(kind)
+    _check_names("inputs", [i.name for i in session.get_inputs()], input_names)
+    _check_names("outputs", [o.name for o in session.get_outputs()], output_names)
     crop = crop_shape(spec, tap_shape_chw)
     inputs = {i.name: i for i in session.get_inputs()}
     feeds = {FEATURES_INPUT: _zeros_for(inputs[FEATURES_INPUT], crop, spec)}
-    if windowed:
+    if kind.windowed:
         reduced = _reduced_channels(session, spec)
         history = ((spec.window - 1) * reduced, *crop[1:])
         feeds[HISTORY_INPUT] = _zeros_for(inputs[HISTORY_INPUT], history, spec)

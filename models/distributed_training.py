@@ -5,8 +5,9 @@
 (gloo on CPU, NCCL with one GPU per rank when CUDA is there). Each worker:
 
 * rank 0 fills the feature cache (it has one writer at a time), then the others read it;
-* builds the same seeded MC, trains it on its own balanced batches (seed + rank): with `adam` the MC
-  is wrapped in DDP (gradient averaging), the compressed optimizers communicate themselves;
+* builds the same seeded MC, trains it on its own balanced batches (seed + rank): with `adam` (any optimizer
+  not `compressed` in models.optimizer_kinds) the MC is wrapped in DDP (gradient averaging), the compressed
+  optimizers communicate themselves;
 * makes the parameters identical (0/1 Adam's local steps may end between synchronisations: then the
   ranks' parameters are averaged once, in full precision);
 * rank 0 picks the threshold and writes the same bundle as single-process training, and the result
@@ -37,6 +38,7 @@ from models.errors import FilterForwardError
 from models.evaluation import EventScores
 from models.filterspec import FilterSpec, Smoothing
 from models.microclassifiers import MicroClassifier
+from models.optimizer_kinds import OPTIMIZERS
 from models.roi import ROI
 from models.training import (
     BalancedSampler,
@@ -155,7 +157,7 @@ def _fit_on_ranks(config: TrainConfig, data: TrainingData, progress: bool) -> tu
     _broadcast_parameters(model)  # identical seeds make them equal already; this makes it a guarantee
     optimizer = make_optimizer(config.optimizer, model.parameters(), config.lr, config.steps, config.curricula)
     net = Logits(model)
-    if config.optimizer == "adam":  # the baseline: DDP averages the gradients
+    if not OPTIMIZERS.lookup(config.optimizer).compressed:  # DDP averages the gradients
         net = DistributedDataParallel(net, device_ids=[config.device] if config.device.startswith("cuda") else None)
     sampler = BalancedSampler(data.frames, data.targets, config.batch_size, config.seed + rank)
     with torch_threads(config.threads):

@@ -6,9 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from models.mc_kinds import MC_KINDS
 from models.roi import FULL_FRAME, ROI
 
-Architecture = Literal["full_frame", "localized", "windowed", "discrete"]
+# Fixed when this module loads, so that the JSON schema (and the cloud's OpenAPI) lists exactly the kinds.
+Architecture = Literal[tuple(MC_KINDS)]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 CameraName = Annotated[str, Field(min_length=1, max_length=128)]
 WarningText = Annotated[str, Field(max_length=2000)]

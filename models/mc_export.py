@@ -10,25 +10,24 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from models.bundle import FEATURES_INPUT, HISTORY_INPUT, REDUCED_OUTPUT, SCORE_OUTPUT
-from models.microclassifiers import MicroClassifier, Windowed, example_inputs
+from models.bundle import io_names
+from models.mc_kinds import MC_KINDS
+from models.microclassifiers import MicroClassifier
 
 log = logging.getLogger(__name__)
 
 OPSET = 17
 
 
-def io_names(model: MicroClassifier) -> tuple[list[str], list[str]]:
-    """ONNX input and output names of an MC (the contract models.bundle checks)."""
-    if isinstance(model, Windowed):
-        return [FEATURES_INPUT, HISTORY_INPUT], [SCORE_OUTPUT, REDUCED_OUTPUT]
-    return [FEATURES_INPUT], [SCORE_OUTPUT]
+def mc_io_names(model: MicroClassifier) -> tuple[list[str], list[str]]:
+    """ONNX input and output names of an MC: those models.bundle checks for its kind."""
+    return io_names(MC_KINDS.lookup(model.architecture))
 
 
 def export_mc(model: MicroClassifier, crop_chw: tuple[int, int, int]) -> bytes:
     """The MC as ONNX bytes: opset 17, dynamic batch, static crop shape."""
-    inputs, outputs = io_names(model)
-    return to_onnx(model, example_inputs(model, crop_chw), inputs, outputs)
+    inputs, outputs = mc_io_names(model)
+    return to_onnx(model, model.example_inputs(crop_chw), inputs, outputs)
 
 
 def to_onnx(
@@ -61,8 +60,8 @@ def verify_export(
 ) -> float:
     """Run torch and ONNX Runtime on the same random batch; the largest difference, or RuntimeError."""
     torch.manual_seed(0)
-    inputs = example_inputs(model, crop_chw, batch)
-    names, _ = io_names(model)
+    inputs = model.example_inputs(crop_chw, batch)
+    names, _ = mc_io_names(model)
     with torch.no_grad():
         expected = model.eval()(*inputs)
     expected = [t.numpy() for t in (expected if isinstance(expected, tuple) else (expected,))]

@@ -15,16 +15,16 @@ first frame of a stream.
 from __future__ import annotations
 
 import math
-from typing import get_args
+import pkgutil
+from typing import Self
 
 import numpy as np
 import torch
 from torch import nn
 
 from models.errors import FilterForwardError
-from models.filterspec import Architecture
+from models.mc_kinds import MC_KINDS
 
-ARCHITECTURES: tuple[str, ...] = get_args(Architecture)
 # The FC input of localized/windowed/discrete MCs is max-pooled to at most this many cells per side so that
 # its size (and the MC's cost) does not grow with the ROI or the input resolution.
 MAX_FC_GRID = 8
@@ -35,9 +35,18 @@ OUTSIDE_LOGIT = -1.0e4
 class MicroClassifier(nn.Module):
     """Common interface: `logits(features, valid=None) -> [B]`, `forward(features) -> score [B]`."""
 
-    architecture: str = ""
+    architecture: str = ""  # its name in models.mc_kinds.MC_KINDS
     window: int = 1
     mask: torch.Tensor | None
+
+    @classmethod
+    def for_crop(cls, channels: int, crop_hw: tuple[int, int], window: int, mask: np.ndarray | None) -> Self:
+        """A fresh MC of this kind for a crop (what build_mc calls for every kind); most kinds take no window."""
+        return cls(channels, crop_hw, mask=mask)
+
+    def example_inputs(self, crop_chw: tuple[int, int, int], batch: int = 1) -> tuple[torch.Tensor, ...]:
+        """Random inputs of the edge-side forward: (features,)."""
+        return (torch.randn(batch, *crop_chw),)
 
     def set_mask(self, mask: np.ndarray | None) -> None:
         """Keep the region mask (bool [h, w] over the crop) as a constant of the graph; None: every cell counts."""
@@ -121,6 +130,10 @@ class FullFrame(MicroClassifier):
         )
         self.set_mask(mask)
 
+    @classmethod
+    def for_crop(cls, channels: int, crop_hw: tuple[int, int], window: int, mask: np.ndarray | None) -> Self:
+        return cls(channels, mask)  # one classifier per cell: the crop's size does not shape it
+
     def cell_logits(self, features: torch.Tensor) -> torch.Tensor:
         """[B, h*w] logits per cell, cells outside the region far below any real logit."""
         cells = self.cells(features).flatten(1)
@@ -179,6 +192,16 @@ class Windowed(MicroClassifier):
         self.reduce = nn.Sequential(nn.Conv2d(channels, reduced, 1), nn.ReLU(inplace=True))
         self.head = LocalizedHead(window * reduced, crop_hw)
         self.set_mask(mask)
+
+    @classmethod
+    def for_crop(cls, channels: int, crop_hw: tuple[int, int], window: int, mask: np.ndarray | None) -> Self:
+        return cls(channels, crop_hw, window, mask)
+
+    def example_inputs(self, crop_chw: tuple[int, int, int], batch: int = 1) -> tuple[torch.Tensor, ...]:
+        """Random inputs of the edge-side forward: (features, history of the previous W-1 reductions)."""
+        _, height, width = crop_chw
+        history = torch.rand(batch, (self.window - 1) * self.reduced, height, width)
+        return (*super().example_inputs(crop_chw, batch), history)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """`features` [B, W, C, h, w], oldest first; `valid` [B, W] is False for frames before the stream."""
@@ -251,24 +274,8 @@ def build_mc(
         raise FilterForwardError(f"MC input must have at least one channel and cell, got {channels}x{height}x{width}")
     if mask is not None and (mask.shape != tuple(crop_hw) or not mask.any()):
         raise FilterForwardError(f"a region mask must be {height}x{width} with a cell inside, got {mask.shape}")
-    if architecture == "full_frame":
-        return FullFrame(channels, mask)
-    if architecture == "localized":
-        return Localized(channels, crop_hw, mask)
-    if architecture == "windowed":
-        return Windowed(channels, crop_hw, window, mask)
-    if architecture == "discrete":
-        return Discrete(channels, crop_hw, mask)
-    raise FilterForwardError(f"unknown MC architecture {architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
-
-
-def example_inputs(model: MicroClassifier, crop_chw: tuple[int, int, int], batch: int = 1) -> tuple[torch.Tensor, ...]:
-    """Inputs of the edge-side forward: (features,) or, for windowed MCs, (features, history)."""
-    features = torch.randn(batch, *crop_chw)
-    if isinstance(model, Windowed):
-        _, height, width = crop_chw
-        return features, torch.rand(batch, (model.window - 1) * model.reduced, height, width)
-    return (features,)
+    mc_class: type[MicroClassifier] = pkgutil.resolve_name(MC_KINDS.lookup(architecture).model)
+    return mc_class.for_crop(channels, crop_hw, window, mask)
 
 
 def count_macs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:

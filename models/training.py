@@ -39,59 +39,14 @@ from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1
 from models.features import FeatureRequest, cached_features
 from models.filterspec import NAME_PATTERN, FilterSpec, Smoothing, Validation
 from models.mc_export import export_mc, verify_export
-from models.microclassifiers import ARCHITECTURES, Ensemble, MicroClassifier, build_mc
+from models.mc_kinds import MC_KINDS, MCKind
+from models.microclassifiers import Ensemble, MicroClassifier, build_mc
+from models.optimizer_kinds import OPTIMIZERS
 from models.roi import FULL_FRAME, ROI
 from models.taps import PIXEL_TAP, PIXELS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TAPS = {"full_frame": "late", "localized": "mid", "windowed": "mid", "discrete": PIXELS}
-
-# Factories take (parameters, learning rate, step budget, first step of full difficulty): the compressed
-# optimizers' stage lengths (full-precision warm-up, variance freezing, local-step growth) are fractions of
-# the budget, because their defaults are sized for runs of 100k steps and an MC trains for hundreds. The
-# warm-up starts when the curricula reach full difficulty: entries that easier inputs leave without gradient
-# (the masked frames of a window) would otherwise keep a near-zero frozen variance and blow up when the
-# harder inputs reach them (measured: loss 4e9 by step 10).
-OptimizerFactory = Callable[[Iterable[torch.nn.Parameter], float, int, int], torch.optim.Optimizer]
-WARMUP_FRACTION = 0.2  # 1-bit Adam/LAMB: full-precision steps before the variance freezes (paper: 15-25%)
-VARIANCE_FRACTION = 0.5  # 0/1 Adam: steps with (sparse) variance refreshes before local steps begin
-SYNC_LEVEL_FRACTION = 0.05  # 0/1 Adam: synchronisations per interval level of the local steps
-# LAMB's lr is a step relative to each tensor's norm (trust ratio ‖p‖/‖u‖), Adam's an absolute one per entry.
-# MC weights have an RMS of 0.03-0.1, so an Adam lr is matched by a LAMB lr about 10x larger (measured on the
-# intel-car full-frame MC, 5 seeds: at 1x 1-bit LAMB had barely fitted when its variance froze and ended 3
-# F1 points below Adam; at 10x it was never more than 0.3 below; at 20x it was worse again).
-LAMB_LR_SCALE = 10.0
-
-
-def _steps(budget: int, fraction: float, settled: int = 1) -> int:
-    """A fraction of the budget (at least one step), counted from the first step at full difficulty."""
-    return settled - 1 + max(1, round(budget * fraction))
-
-
-def _compressed_factories() -> dict[str, OptimizerFactory]:
-    from models.optimizers import OnebitAdam, OnebitLamb, ZeroOneAdam
-
-    return {
-        "onebit_adam": lambda params, lr, steps, settled: OnebitAdam(
-            params, lr=lr, freeze_step=_steps(steps, WARMUP_FRACTION, settled)
-        ),
-        "zeroone_adam": lambda params, lr, steps, settled: ZeroOneAdam(
-            params,
-            lr=lr,
-            var_freeze_step=_steps(steps, VARIANCE_FRACTION, settled),
-            local_step_scaler=_steps(steps, SYNC_LEVEL_FRACTION),
-        ),
-        "onebit_lamb": lambda params, lr, steps, settled: OnebitLamb(
-            params, lr=lr * LAMB_LR_SCALE, freeze_step=_steps(steps, WARMUP_FRACTION, settled)
-        ),
-    }
-
-
-OPTIMIZERS: dict[str, OptimizerFactory] = {
-    "adam": lambda params, lr, steps, settled: torch.optim.Adam(params, lr=lr),
-    **_compressed_factories(),
-}
 CURRICULUM_KINDS = ("window", "resolution")
 FULL_RESOLUTION = 100  # resolution difficulties are percent of the crop's cells per side
 CURRICULUM_SYNTAX = {
@@ -174,7 +129,7 @@ class TrainConfig:
     event: str
     architecture: str
     input_size: tuple[int, int]
-    tap: str | None = None  # default per architecture (DEFAULT_TAPS)
+    tap: str | None = None  # default: the architecture's default_tap
     roi: ROI = FULL_FRAME
     frames: tuple[int, int] | None = None  # training range, stop exclusive; None: every frame
     steps: int = 300
@@ -199,13 +154,17 @@ class TrainConfig:
         return max(1, self.steps // self.ensemble)
 
     @property
+    def kind(self) -> MCKind:
+        return MC_KINDS.lookup(self.architecture)
+
+    @property
     def tap_name(self) -> str:
-        return self.tap or DEFAULT_TAPS[self.architecture]
+        return self.tap or self.kind.default_tap
 
     @property
     def context(self) -> int:
         """Frames an MC sees per decision: W for a windowed MC, else 1."""
-        return self.window if self.architecture == "windowed" else 1
+        return self.window if self.kind.windowed else 1
 
 
 @dataclass(frozen=True)
@@ -391,20 +350,16 @@ def check_finite(model: MicroClassifier, config: TrainConfig) -> None:
 
 
 def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
-    if config.architecture not in ARCHITECTURES:
-        raise FilterForwardError(
-            f"unknown MC architecture {config.architecture!r}: choose one of {', '.join(ARCHITECTURES)}"
-        )
+    kind = config.kind
     if config.event not in dataset.labels:
         raise FilterForwardError(
             f"{dataset.name} has no event {config.event!r}; its events are {', '.join(dataset.events())}"
         )
-    if config.optimizer not in OPTIMIZERS:
-        raise FilterForwardError(f"unknown optimizer {config.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
-    if (config.tap_name == PIXELS) != (config.architecture == "discrete"):
+    OPTIMIZERS.lookup(config.optimizer)  # an unknown name fails here, before any work
+    if (config.tap_name == PIXELS) != kind.reads_pixels:
         raise FilterForwardError(
-            f"architecture {config.architecture} cannot read tap {config.tap_name!r}: only the discrete baseline "
-            f"reads {PIXELS!r}, and it reads nothing else"
+            f"architecture {config.architecture} cannot read tap {config.tap_name!r}: only the "
+            f"{_kinds_that(lambda k: k.reads_pixels)} baseline reads {PIXELS!r}, and it reads nothing else"
         )
     make_spec(config, config.smoothing)  # fails fast on a bad name or window, before any work
     check_curricula(config)
@@ -428,9 +383,10 @@ def check_curricula(config: TrainConfig) -> None:
     if len(set(kinds)) < len(kinds):
         raise FilterForwardError(f"curricula {', '.join(kinds)} repeat a kind: give each kind at most once")
     for curriculum in config.curricula:
-        if curriculum.kind == "window" and config.architecture != "windowed":
+        if curriculum.kind == "window" and not config.kind.windowed:
             raise FilterForwardError(
-                f"a window curriculum needs a windowed MC, not {config.architecture}: use --arch windowed or drop it"
+                f"a window curriculum needs a windowed MC, not {config.architecture}: use --arch "
+                f"{_kinds_that(lambda k: k.windowed)} or drop it"
             )
         limit = config.window if curriculum.kind == "window" else FULL_RESOLUTION
         if curriculum.max_difficulty > limit:
@@ -438,6 +394,11 @@ def check_curricula(config: TrainConfig) -> None:
                 f"the {curriculum.kind} curriculum goes up to {curriculum.max_difficulty}, above its limit {limit} "
                 f"({'the window W' if curriculum.kind == 'window' else 'percent of the cells'}): lower its maximum"
             )
+
+
+def _kinds_that(test: Callable[[MCKind], bool]) -> str:
+    """The names of the MC kinds that pass the test, for a message: 'windowed', or 'a or b'."""
+    return " or ".join(name for name, kind in MC_KINDS.items() if test(kind))
 
 
 @contextmanager
@@ -482,7 +443,7 @@ def make_optimizer(
     name: str, params: Iterable[torch.nn.Parameter], lr: float, steps: int, curricula: tuple[Curriculum, ...] = ()
 ) -> torch.optim.Optimizer:
     """The named optimizer, its stages sized for a budget of `steps` steps and to start after the curricula end."""
-    return OPTIMIZERS[name](params, lr, steps, max((c.settled_step for c in curricula), default=1))
+    return OPTIMIZERS.lookup(name).make(params, lr, steps, max((c.settled_step for c in curricula), default=1))
 
 
 class BalancedSampler:

@@ -10,11 +10,11 @@ import torch
 from models.efficientnet_lite import EfficientNetLite0
 from models.errors import FilterForwardError
 from models.mc_export import export_mc, verify_export
-from models.microclassifiers import ARCHITECTURES, Ensemble, build_mc, count_macs, example_inputs
+from models.mc_kinds import MC_KINDS
+from models.microclassifiers import Ensemble, build_mc, count_macs
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
 
 INPUT_SIZE = (768, 448)
-TAP_OF = {"full_frame": "late", "localized": "mid", "windowed": "mid", "discrete": "pixels"}
 # A crop per architecture small enough to keep the suite fast; odd sizes exercise padding and pooling.
 CROPS = {"full_frame": (320, 5, 7), "localized": (112, 9, 13), "windowed": (112, 7, 11), "discrete": (3, 45, 77)}
 
@@ -28,26 +28,27 @@ def session(onnx_bytes: bytes) -> ort.InferenceSession:
     return ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
 
 
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", list(MC_KINDS))
 def test_scores_are_probabilities_per_sample(architecture: str) -> None:
     crop = CROPS[architecture]
     model = build_mc(architecture, crop[0], crop[1:]).eval()
     with torch.no_grad():
-        out = model(*example_inputs(model, crop, batch=4))
-    score = out[0] if architecture == "windowed" else out
+        out = model(*model.example_inputs(crop, batch=4))
+    windowed = MC_KINDS[architecture].windowed
+    score = out[0] if windowed else out
     assert score.shape == (4,)
     assert ((score > 0) & (score < 1)).all()
-    if architecture == "windowed":
+    if windowed:
         assert out[1].shape == (4, model.reduced, *crop[1:])
 
 
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", list(MC_KINDS))
 def test_onnx_export_matches_torch_at_any_batch(architecture: str) -> None:
     crop = CROPS[architecture]
     model = build_mc(architecture, crop[0], crop[1:])
     onnx_bytes = export_mc(model, crop)
     assert verify_export(model, onnx_bytes, crop, batch=5) <= 1e-5
-    inputs = example_inputs(model, crop, batch=7)
+    inputs = model.example_inputs(crop, batch=7)
     names = [i.name for i in session(onnx_bytes).get_inputs()]
     got = session(onnx_bytes).run(None, {n: x.numpy() for n, x in zip(names, inputs, strict=True)})
     assert got[0].shape == (7,)
@@ -111,14 +112,14 @@ def test_fifty_mcs_cost_under_a_quarter_of_the_base_dnn() -> None:
     width, height = INPUT_SIZE
     base = count_macs(EfficientNetLite0().eval(), (torch.zeros(1, 3, height, width),))
     for architecture in ("full_frame", "localized", "windowed"):
-        tap = EFFICIENTNET_LITE0_TAPS[TAP_OF[architecture]]
+        tap = EFFICIENTNET_LITE0_TAPS[MC_KINDS[architecture].default_tap]
         crop = tap.shape(INPUT_SIZE)  # full-frame ROI: the most expensive case
         model = build_mc(architecture, crop[0], crop[1:])
-        assert 50 * count_macs(model, example_inputs(model, crop)) < 0.25 * base, architecture
+        assert 50 * count_macs(model, model.example_inputs(crop)) < 0.25 * base, architecture
     # The discrete baseline is the expensive kind the MCs replace.
     crop = PIXEL_TAP.shape(INPUT_SIZE)
     discrete = build_mc("discrete", crop[0], crop[1:])
-    assert count_macs(discrete, example_inputs(discrete, crop)) > 0.05 * base
+    assert count_macs(discrete, discrete.example_inputs(crop)) > 0.05 * base
 
 
 def test_fc_input_stays_bounded_at_1080p() -> None:
@@ -139,13 +140,13 @@ def _triangle_mask(height: int, width: int) -> np.ndarray:
     return ROI(polygon=((0.0, 0.0), (1.0, 1.0), (0.0, 1.0))).cell_mask(height, width)
 
 
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", list(MC_KINDS))
 def test_masked_mcs_ignore_cells_outside_the_region_also_in_onnx(architecture: str) -> None:
     crop = CROPS[architecture]
     mask = _triangle_mask(*crop[1:])
     assert 0 < mask.sum() < mask.size
     model = build_mc(architecture, crop[0], crop[1:], mask=mask).eval()
-    inputs = example_inputs(model, crop, batch=3)
+    inputs = model.example_inputs(crop, batch=3)
     changed = inputs[0].clone()
     changed[:, :, ~torch.from_numpy(mask)] = 50 * torch.randn(3, crop[0], int((~mask).sum()))
     with torch.no_grad():

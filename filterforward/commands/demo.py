@@ -12,6 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
+from models.mc_kinds import MC_KINDS
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -22,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--dataset", type=Path, help="labelled dataset folder (default: generate a synthetic one)")
     parser.add_argument("--event", help="event to filter for (default: red_in_region for the synthetic clip)")
-    parser.add_argument("--arch", default="localized", choices=("full_frame", "localized", "windowed", "discrete"))
+    parser.add_argument("--arch", default="localized", choices=tuple(MC_KINDS))
     parser.add_argument("--train-fraction", type=float, default=0.6, help="leading share of frames to train on")
     parser.add_argument("--frames", type=int, default=900, help="length of the synthetic clip")
     parser.add_argument("--input-size", default=None, help="base-DNN input WxH (default: the clip's size rounded)")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING
 
 from models.errors import FilterForwardError
-from models.filterspec import Architecture
+from models.mc_kinds import MC_KINDS
+from models.optimizer_kinds import OPTIMIZERS
 from models.roi import parse_region
 
 AUTO = "auto"  # --arch: let cross-validation choose the kind
@@ -37,15 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--arch",
-        choices=(AUTO, *get_args(Architecture)),
+        choices=(AUTO, *MC_KINDS),
         default=AUTO,
         help="MC architecture; auto (the default) cross-validates the full-frame MC on the mid and the late tap and "
         "keeps the better one",
     )
     parser.add_argument(
         "--tap",
-        help="base-DNN tap of an explicit --arch (default: late for full_frame, mid for localized/windowed, pixels "
-        "for discrete)",
+        help=f"base-DNN tap of an explicit --arch (default: {_default_taps()})",
     )
     parser.add_argument(
         "--roi",
@@ -61,12 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lr",
         type=float,
         default=1e-3,
-        help="learning rate (default 1e-3; onebit_lamb uses 10x this: its step is relative to each tensor's size)",
+        help=f"learning rate (default 1e-3{_lr_scales()})",
     )
     parser.add_argument(
         "--optimizer",
         default="adam",
-        help="adam, or a communication-compressed one: onebit_adam, zeroone_adam, onebit_lamb (default adam)",
+        help=f"{_optimizers()} (default adam)",
     )
     parser.add_argument(
         "--nproc",
@@ -94,6 +94,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out", type=Path, required=True, help="bundle folder to write (with several --event: their parent)"
     )
     parser.set_defaults(func=_train)
+
+
+def _default_taps() -> str:
+    """'late for full_frame, mid for localized/windowed, ...': each kind's default tap."""
+    kinds: dict[str, list[str]] = {}
+    for kind in MC_KINDS.values():
+        kinds.setdefault(kind.default_tap, []).append(kind.name)
+    return ", ".join(f"{tap} for {'/'.join(names)}" for tap, names in kinds.items())
+
+
+def _lr_scales() -> str:
+    """'; onebit_lamb uses 10x this' for each optimizer that scales the learning rate."""
+    return "".join(f"; {kind.name} uses {kind.lr_scale:g}x this" for kind in OPTIMIZERS.values() if kind.lr_scale != 1)
+
+
+def _optimizers() -> str:
+    """'adam, or a communication-compressed one: onebit_adam, ...'."""
+    plain = ", ".join(name for name, kind in OPTIMIZERS.items() if not kind.compressed)
+    compressed = ", ".join(name for name, kind in OPTIMIZERS.items() if kind.compressed)
+    return f"{plain}, or a communication-compressed one: {compressed}"
 
 
 def _train(args: argparse.Namespace) -> int:

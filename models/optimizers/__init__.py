@@ -2,6 +2,7 @@
 
 Each runs on one process (no process group needed) or under torch.distributed (gloo or NCCL), where it
 does its own gradient communication; see docs/distributed-training.md for use with and without DDP.
+Training offers them by name through models.optimizer_kinds.
 """
 
 from models.optimizers.base import CompressedOptimizer
@@ -9,11 +10,4 @@ from models.optimizers.onebit_adam import OnebitAdam
 from models.optimizers.onebit_lamb import OnebitLamb
 from models.optimizers.zeroone_adam import ZeroOneAdam
 
-# The names the training CLI's --optimizer accepts for them.
-COMPRESSED_OPTIMIZERS: dict[str, type[CompressedOptimizer]] = {
-    "onebit_adam": OnebitAdam,
-    "zeroone_adam": ZeroOneAdam,
-    "onebit_lamb": OnebitLamb,
-}
-
-__all__ = ["COMPRESSED_OPTIMIZERS", "CompressedOptimizer", "OnebitAdam", "OnebitLamb", "ZeroOneAdam"]
+__all__ = ["CompressedOptimizer", "OnebitAdam", "OnebitLamb", "ZeroOneAdam"]

@@ -1,0 +1,39 @@
+"""The kinds of microclassifier, by name: what the filter spec, training, export, the bundle check and the CLI
+need to know of each.
+
+No torch here: the edge and the cloud validate specs and check MC models without it, so a kind names its
+nn.Module (a models.microclassifiers.MicroClassifier) by import path, imported only when an MC is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from models.registry import Registry
+from models.taps import PIXELS
+
+
+@dataclass(frozen=True)
+class MCKind:
+    name: str
+    model: str  # "package.module:Class" of its MicroClassifier; Class.for_crop builds one
+    default_tap: str  # the tap it reads when training is given none
+    # Decides on the last W frames: trained on windows, and on the edge its ONNX model takes a `history`
+    # input and returns this frame's `reduced` features for the next frames.
+    windowed: bool = False
+
+    @property
+    def reads_pixels(self) -> bool:
+        """A baseline on the resized frame itself (the `pixels` tap), which reads no base-DNN tap at all."""
+        return self.default_tap == PIXELS
+
+
+MC_KINDS: Registry[MCKind] = Registry(
+    "MC architecture",
+    [
+        MCKind("full_frame", "models.microclassifiers:FullFrame", "late"),
+        MCKind("localized", "models.microclassifiers:Localized", "mid"),
+        MCKind("windowed", "models.microclassifiers:Windowed", "mid", windowed=True),
+        MCKind("discrete", "models.microclassifiers:Discrete", PIXELS),
+    ],
+)
