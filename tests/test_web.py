@@ -19,6 +19,7 @@ from cloud_server import READ_WRITE, run_cloud
 
 from cloud.config import CloudConfig
 from models.filterspec import FilterSpec, Validation
+from models.mc_kinds import MC_KINDS
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 Page = playwright_api.Page
@@ -69,7 +70,9 @@ def fill_filter_form(page: Page, spec: FilterSpec, model: Path) -> None:
     page.get_by_label("Name", exact=True).fill(spec.name)
     page.get_by_label("Event label").fill(spec.event)
     page.get_by_label("Cameras (comma-separated, * for all)").fill(", ".join(spec.cameras))
-    page.get_by_label("Architecture").select_option(spec.architecture)
+    architecture = page.get_by_label("Architecture")
+    expect(architecture.locator("option")).to_have_text(list(MC_KINDS))  # the registry's kinds, via the schema
+    architecture.select_option(spec.architecture)
     page.get_by_label("Tap").select_option(spec.tap)
     page.get_by_label("Input width (px)").fill(str(spec.input_size[0]))
     page.get_by_label("Input height (px)").fill(str(spec.input_size[1]))

@@ -604,6 +604,14 @@ async function pollNow() {
 
 // ------------------------------------------------------------------------------------------------ wiring
 
+async function loadArchitectures() {
+  // The MC kinds are FilterSpec's enum in the API schema, so a kind added to the registry shows up here too.
+  const response = await fetch(localPath("/openapi.json"));
+  if (!response.ok) throw new Error(`the API schema could not be read (HTTP ${response.status}): reload the page`);
+  const kinds = (await response.json()).components.schemas.FilterSpec.properties.architecture.enum;
+  byId("f-architecture").replaceChildren(...kinds.map((kind) => el("option", { value: kind }, kind)));
+}
+
 function debounce(fn, ms) {
   let timer = null;
   return () => {
@@ -636,6 +644,7 @@ function init() {
   eventFilters.addEventListener("reset", () => setTimeout(applyEventQuery, 0)); // values are cleared after the event
   byId("events-older").addEventListener("click", loadOlderEvents);
   byId("clip-dialog").addEventListener("close", closeClipVideo);
+  loadArchitectures().catch((error) => setFormMessage(error.message, true));
   pollNow();
 }
 
