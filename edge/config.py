@@ -15,6 +15,22 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 Dimension = Annotated[int, Field(gt=0, le=16384)]
 
 
+class UploadSettings(BaseModel):
+    """How a camera's matched frames are encoded for filters whose encoding is `stream` (one H.264 stream per
+    camera, shared by its filters: a frame several filters match is sent once)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    crf: int = Field(23, ge=0, le=51, description="x264 quality: lower is better and larger")
+    bitrate_cap: int | None = Field(None, ge=10_000, description="peak bit/s (VBV); default uncapped")
+    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"] = Field(
+        "medium", description="x264 speed/size trade-off; a slower box can take veryfast"
+    )
+    keyframe_interval: float = Field(10.0, gt=0, le=600, description="seconds between keyframes inside an event")
+    fragment_seconds: float = Field(1.0, ge=0.1, le=10, description="a fragment is sent once it spans this")
+    scale: float = Field(1.0, gt=0, le=1, description="upload size as a fraction of the decoded frame's")
+
+
 class CameraSettings(BaseModel):
     """What a camera may set itself or inherit from `defaults`."""
 
@@ -29,6 +45,7 @@ class CameraSettings(BaseModel):
     resolution: tuple[Dimension, Dimension] | None = Field(
         None, description="decode output (width, height): frames are resized to it; default the camera's own size"
     )
+    upload: UploadSettings = Field(default_factory=UploadSettings, description="the matched-frame H.264 stream")
 
 
 class CameraDefaults(CameraSettings):
@@ -36,7 +53,7 @@ class CameraDefaults(CameraSettings):
 
 
 class CameraConfig(CameraSettings):
-    """A camera; pacing, fps and resolution it leaves out come from `defaults`."""
+    """A camera; the settings it leaves out come from `defaults`."""
 
     name: str = Field(pattern=NAME_PATTERN)
     source: str = Field(min_length=1, description="video file, image folder, dataset folder, rtsp/http URL or device")

@@ -1,4 +1,9 @@
-"""The edge data path for one camera: frame -> base DNN taps -> MC bank -> smoothers -> encoder -> sink."""
+"""The edge data path for one camera: frame -> base DNN taps -> MC bank -> smoothers -> encoder -> sink.
+
+Matched frames leave per their filters' encoding: in the camera's H.264 stream (one StreamEncoder per camera,
+a keyframe at every stream filter's event start, fragments as they close), as a JPEG each, or in a clip per
+event. A frame several filters match is sent once per encoding.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,16 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import cv2
+import numpy as np
+
+from common.fragment import Fragment, pack
+from edge.config import UploadSettings
 from edge.encoder import ClipEncoder, encode_jpeg
 from edge.mcbank import CameraState, LoadedMC, MCBank
 from edge.sink import MatchedFrame, Sink
 from edge.sources import Frame
+from edge.stream_encoder import StreamEncoder
 from models.basednn import BaseDNN
 from models.filterspec import FilterSpec
 from models.smoother import Event, Smoother
@@ -74,12 +85,17 @@ class _Track:
 class CameraPipeline:
     """Runs every MC that applies to one camera on each of its frames and sends what they match."""
 
-    def __init__(self, camera: str, base: BaseDNN, bank: MCBank, sink: Sink, fps: float):
+    def __init__(
+        self, camera: str, base: BaseDNN, bank: MCBank, sink: Sink, fps: float, upload: UploadSettings | None = None
+    ):
         self.camera = camera
-        self.fps = fps  # of the source, for event clips
+        self.fps = fps  # of the source, for event clips and the stream
         self.base = base
         self.bank = bank
         self.sink = sink
+        self.upload = upload or UploadSettings()
+        self._stream: StreamEncoder | None = None  # opened at the first stream filter's event
+        self._streamed = -1  # the last frame index in the stream: frames go in once, in order
         self.stats = StageStats()
         self.state = CameraState()
         self._tracks: dict[str, _Track] = {}
@@ -116,6 +132,8 @@ class CameraPipeline:
                 start = decision.started.start_frame
                 log.info("camera %s: filter %s: event started at frame %d", self.camera, name, start)
                 self.sink.event("start", decision.started)
+                if track.spec.encoding.kind == "stream":
+                    self._emit(self._stream_encoder().new_gop())
             for index in [*decision.backfill, *([frame.index] if decision.positive else [])]:
                 send.setdefault(index, []).append(name)
             if decision.ended:
@@ -144,11 +162,38 @@ class CameraPipeline:
         self.stats.matched += 1
         self.stats.bytes_out += len(jpeg)
         self.sink.frame(MatchedFrame(self.camera, frame.index, frame.timestamp, matched, events, jpeg))
+        if any(self._tracks[n].spec.encoding.kind == "stream" for n in matched) and frame.index > self._streamed:
+            # A back-dated start's frames older than the stream's last frame travel as metadata only.
+            self._streamed = frame.index
+            self._emit(self._stream_encoder().add(self._upload_image(frame), frame.index, frame.timestamp))
+
+    def _stream_encoder(self) -> StreamEncoder:
+        if self._stream is None:
+            u = self.upload
+            self._stream = StreamEncoder(
+                self.fps, u.crf, u.preset, u.keyframe_interval, u.fragment_seconds, u.bitrate_cap
+            )
+        return self._stream
+
+    def _upload_image(self, frame: Frame) -> np.ndarray:
+        if self.upload.scale == 1:
+            return frame.image
+        height, width = frame.image.shape[:2]
+        size = (max(2, round(width * self.upload.scale)), max(2, round(height * self.upload.scale)))
+        return cv2.resize(frame.image, size, interpolation=cv2.INTER_AREA)
+
+    def _emit(self, fragment: Fragment | None) -> None:
+        """Send a closed fragment of the camera's stream."""
+        if fragment is not None:
+            self.stats.bytes_out += len(pack(fragment))
+            self.sink.fragment(self.camera, fragment)
 
     def _end_event(self, track: _Track, event: Event) -> None:
         clip = track.clip.finish() if track.clip else None
         track.clip, track.event_id = None, None
         self.stats.bytes_out += len(clip or b"")
+        if track.spec.encoding.kind == "stream" and self._stream is not None:
+            self._emit(self._stream.cut())  # the event's last frames go now, not with the next event's
         log.info("camera %s: filter %s: event ended at frame %s", self.camera, event.filter, event.end_frame)
         self.sink.event("end", event, clip)
 

@@ -15,7 +15,9 @@ from typing import Literal
 import numpy as np
 from tqdm import tqdm
 
-from edge.encoder import ClipEncoder, encode_stream_h264
+from common.fragment import Fragment, pack
+from edge.config import UploadSettings
+from edge.encoder import ClipEncoder, encode_jpeg, encode_stream_h264
 from edge.mcbank import MCBank
 from edge.pipeline import CameraPipeline
 from edge.sink import MatchedFrame
@@ -39,6 +41,7 @@ class RecordingSink:
     frames: dict[str, set[int]] = field(default_factory=dict)  # filter -> matched frame indices
     jpeg_bytes: int = 0
     clip_bytes: int = 0
+    stream_bytes: int = 0  # the matched-frame H.264 stream's fragments as the uplink sends them
     events: list[Event] = field(default_factory=list)
 
     def frame(self, matched: MatchedFrame) -> None:
@@ -51,8 +54,16 @@ class RecordingSink:
         if kind == "end":
             self.events.append(event)
 
+    def fragment(self, camera: str, fragment: Fragment) -> None:
+        self.stream_bytes += len(pack(fragment))
+
     def close(self) -> None:
         pass
+
+    @property
+    def sent_bytes(self) -> int:
+        """Every payload byte the pipeline sent."""
+        return self.jpeg_bytes + self.clip_bytes + self.stream_bytes
 
 
 @dataclass(frozen=True)
@@ -71,9 +82,10 @@ class ReplayReport:
     fps: float
     tolerance: int
     filters: list[FilterReport]
-    jpeg_bps: float  # matched frames as JPEG
+    upload_bps: float  # what the pipeline sent, per each filter's encoding (payload bytes, as the uplink sends)
+    jpeg_bps: float  # matched frames as JPEG q80
     clip_bps: float  # matched frames as H.264 event clips
-    stream_bps: float  # the whole stream as H.264 at the same CRF
+    stream_bps: float  # the whole stream as H.264 at the same CRF and resolution
     crf: int
 
     def as_dict(self) -> dict:
@@ -88,6 +100,7 @@ def replay(
     frames: tuple[int, int],
     base_model: Path | None = None,
     progress: bool = True,
+    upload: UploadSettings | None = None,
 ) -> RecordingSink:
     """Run the dataset's frames [start, stop) through a fresh edge pipeline with these filters."""
     specs = [load_bundle(path) for path in bundles]
@@ -98,7 +111,7 @@ def replay(
     bank = MCBank(base.taps, base.input_size)
     bank.put_many(specs)
     sink = RecordingSink()
-    pipeline = CameraPipeline(CAMERA, base, bank, sink, dataset.fps)
+    pipeline = CameraPipeline(CAMERA, base, bank, sink, dataset.fps, upload)
     start, stop = frames
     for index, image in tqdm(
         dataset.frames(start, stop), total=stop - start, disable=not progress, desc="replay", unit="frame"
@@ -121,7 +134,7 @@ def evaluate(
 ) -> ReplayReport:
     """Replay, then score each filter (event F1 per the paper) and the bandwidth of what was sent."""
     labels = {spec.name: _label_for(dataset, spec, event) for spec, _ in map(load_bundle, bundles)}
-    sink = replay(dataset, bundles, frames, base_model, progress)
+    sink = replay(dataset, bundles, frames, base_model, progress, UploadSettings(crf=crf))
     start, stop = frames
     reports = []
     for name, label in labels.items():
@@ -139,7 +152,8 @@ def evaluate(
         fps=dataset.fps,
         tolerance=tolerance,
         filters=reports,
-        jpeg_bps=bandwidth_bps(sink.jpeg_bytes, n, dataset.fps),
+        upload_bps=bandwidth_bps(sink.sent_bytes, n, dataset.fps),
+        jpeg_bps=bandwidth_bps(_jpeg_bytes(dataset, sent, frames), n, dataset.fps),
         clip_bps=bandwidth_bps(_clip_bytes(dataset, sent, frames, crf), n, dataset.fps),
         stream_bps=bandwidth_bps(
             encode_stream_h264((image for _, image in dataset.frames(start, stop)), dataset.fps, crf=crf),
@@ -159,6 +173,12 @@ def _label_for(dataset: LabelledDataset, spec: FilterSpec, event: str | None) ->
             f"its events are {dataset.events()} (pass --event)"
         )
     return label
+
+
+def _jpeg_bytes(dataset: LabelledDataset, sent: list[int], frames: tuple[int, int], quality: int = 80) -> int:
+    """Bytes when each sent frame travels as one JPEG."""
+    wanted = set(sent)
+    return sum(len(encode_jpeg(image, quality)) for index, image in dataset.frames(*frames) if index in wanted)
 
 
 def _clip_bytes(dataset: LabelledDataset, sent: list[int], frames: tuple[int, int], crf: int) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from common.files import safe_name, write_atomically
+from common.fragment import Fragment
 from models.errors import FilterForwardError
 from models.smoother import Event
 
@@ -34,11 +35,15 @@ class Sink(Protocol):
 
     def event(self, kind: Literal["start", "end"], event: Event, clip: bytes | None = None) -> None: ...
 
+    def fragment(self, camera: str, fragment: Fragment) -> None: ...
+
     def close(self) -> None: ...
 
 
 class FolderSink:
-    """frames/<camera>/<index>.jpg, clips/<event>.mp4 and one JSON line per frame or event change."""
+    """frames/<camera>/<index>.jpg, clips/<event>.mp4, stream/<camera>/<gop>-<first index>.h264 (a fragment's
+    access units: a GOP's files concatenated in name order play as raw H.264) and one JSON line per frame,
+    event change or fragment."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -71,6 +76,21 @@ class FolderSink:
             write_atomically(path, clip)
             record["clip"] = str(path.relative_to(self.root))
         self._write(record)
+
+    def fragment(self, camera: str, fragment: Fragment) -> None:
+        header = fragment.header
+        path = self.root / "stream" / safe_name(camera) / f"{header.gop:06d}-{header.frames[0].index:08d}.h264"
+        write_atomically(path, b"".join(fragment.units))
+        frames = [entry.index for entry in header.frames]
+        self._write(
+            {
+                "type": "fragment",
+                "camera": camera,
+                "gop": header.gop,
+                "frames": frames,
+                "file": str(path.relative_to(self.root)),
+            }
+        )
 
     def _write(self, record: dict) -> None:
         line = (json.dumps(record) + "\n").encode()

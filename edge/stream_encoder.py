@@ -89,7 +89,13 @@ class StreamEncoder:
         if not self._entries:
             return None
         width, height = self._size
-        header = FragmentHeader(gop=self._gop, width=width, height=height, fps=str(self.fps), frames=self._entries)
+        header = FragmentHeader(
+            gop=self._gop,
+            width=width,
+            height=height,
+            fps=f"{self.fps.numerator}/{self.fps.denominator}",
+            frames=self._entries,
+        )
         fragment = Fragment(header, tuple(self._units))
         self._entries, self._units = [], []
         return fragment

@@ -34,11 +34,12 @@ class Smoothing(BaseModel):
 
 
 class Encoding(BaseModel):
-    """How matched frames leave the edge: one JPEG per frame, or an H.264 clip per event."""
+    """How matched frames leave the edge: in the camera's H.264 stream of matched frames (fragments of about a
+    second, settings per camera), one JPEG per frame, or an H.264 clip per event (sent when it ends)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["jpeg", "clip"] = "jpeg"
+    kind: Literal["stream", "jpeg", "clip"] = "jpeg"
     jpeg_quality: int = Field(80, ge=10, le=100)
 
 

@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
+from edge.config import UploadSettings
 from edge.mcbank import MCBank
 from edge.pipeline import CameraPipeline
 from edge.sink import FolderSink
@@ -25,10 +26,12 @@ def base() -> BaseDNN:
     return BaseDNN(SIZE)
 
 
-def run_clip(clip: Path, base: BaseDNN, bank: MCBank, out: Path) -> tuple[CameraPipeline, list[dict]]:
+def run_clip(
+    clip: Path, base: BaseDNN, bank: MCBank, out: Path, upload: UploadSettings | None = None
+) -> tuple[CameraPipeline, list[dict]]:
     sink = FolderSink(out)
     with open_source(str(clip), pacing="every-frame") as source:
-        pipeline = CameraPipeline("cam", base, bank, sink, source.fps)
+        pipeline = CameraPipeline("cam", base, bank, sink, source.fps, upload)
         for frame in source:
             pipeline.process(frame)
     pipeline.end_events()
@@ -71,6 +74,42 @@ def test_clip_policy_sends_one_mp4_per_event(short_clip, base, make_filter, tmp_
     assert len(decoded) == 40 and decoded[0].shape == (216, 384, 3)
     assert all(r["file"] is None for r in records if r["type"] == "frame")  # no JPEGs for a clip-only filter
     assert not list((tmp_path / "frames").rglob("*.jpg"))
+
+
+def decode_stream(out: Path, records: list[dict]) -> list[np.ndarray]:
+    """The stream fragments' files in the order they were written, decoded as one raw H.264 stream."""
+    data = b"".join((out / r["file"]).read_bytes() for r in records if r["type"] == "fragment")
+    decoder = av.CodecContext.create("h264", "r")
+    packets = decoder.parse(data) + decoder.parse(None)  # the parser holds the last unit until flushed
+    pictures = [picture for packet in packets for picture in decoder.decode(packet)]
+    pictures += decoder.decode(None)
+    return [picture.to_ndarray(format="bgr24") for picture in pictures]
+
+
+def test_stream_policy_sends_each_matched_frame_once_in_fragments(short_clip, base, make_filter, tmp_path) -> None:
+    bank = MCBank(base.taps, SIZE)
+    stream = Encoding(kind="stream")
+    bank.put(*make_filter("full_frame", "late", SIZE, name="streamer", bias=10.0, encoding=stream))
+    bank.put(*make_filter("full_frame", "mid", SIZE, name="streamer-too", bias=10.0, encoding=stream))
+    pipeline, records = run_clip(short_clip, base, bank, tmp_path)
+    fragments = [r for r in records if r["type"] == "fragment"]
+    sent = [index for r in fragments for index in r["frames"]]
+    assert sent == list(range(40))  # two filters match every frame; each goes once, in order
+    assert [r["gop"] for r in fragments] == [0] * len(fragments)  # one event start: one keyframe
+    assert len(fragments) == 4  # 40 frames of a 12.5 fps clip: three 13-frame seconds and the event's tail
+    decoded = decode_stream(tmp_path, records)
+    assert len(decoded) == 40 and decoded[0].shape == (216, 384, 3)
+    assert all(r["file"] is None for r in records if r["type"] == "frame")  # no JPEGs for stream filters
+    units = sum((tmp_path / r["file"]).stat().st_size for r in fragments)
+    assert units < pipeline.stats.bytes_out < units + 2000 * len(fragments)  # the units plus small headers
+
+
+def test_stream_upload_scale_downsizes_what_is_sent(short_clip, base, make_filter, tmp_path) -> None:
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("full_frame", "late", SIZE, name="small", bias=10.0, encoding=Encoding(kind="stream")))
+    _, records = run_clip(short_clip, base, bank, tmp_path, UploadSettings(scale=0.5, crf=30))
+    decoded = decode_stream(tmp_path, records)
+    assert len(decoded) == 40 and decoded[0].shape == (108, 192, 3)
 
 
 def test_filters_with_different_cameras_and_no_filters(short_clip, base, make_filter, tmp_path) -> None:

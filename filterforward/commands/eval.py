@@ -38,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=BOUNDARY_TOLERANCE,
         help=f"frames ignored around label boundaries (default {BOUNDARY_TOLERANCE})",
     )
-    parser.add_argument("--crf", type=int, default=23, help="H.264 quality for clips and the whole stream")
+    parser.add_argument(
+        "--crf", type=int, default=23, help="H.264 quality of the sent stream, the clips and the whole stream"
+    )
     parser.add_argument("--base-model", type=Path, help="ONNX base model (default: EfficientNet-Lite0)")
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
     parser.set_defaults(func=run)
@@ -72,11 +74,13 @@ def format_report(report: ReplayReport) -> str:
             f"{f.name:<{width}} {f.event:<22} {s.f1:6.3f} {s.precision:6.3f} {s.event_recall:6.3f} {s.existence:6.3f} "
             f"{s.overlap:7.3f} {f.events:6d} {f.matched_frames:6d}"
         )
+    whole = report.stream_bps
     lines += [
         "bandwidth (bit/s over the whole replayed duration):",
-        f"  whole stream, H.264 crf {report.crf}: {report.stream_bps:12,.0f}",
-        f"  matched frames as JPEG:        {report.jpeg_bps:12,.0f}   ({_ratio(report.stream_bps, report.jpeg_bps)})",
-        f"  matched frames as H.264 clips: {report.clip_bps:12,.0f}   ({_ratio(report.stream_bps, report.clip_bps)})",
+        f"  whole stream, H.264 crf {report.crf}: {whole:12,.0f}",
+        f"  sent (the filters' encodings):  {report.upload_bps:12,.0f}   ({_ratio(whole, report.upload_bps)})",
+        f"  matched frames as JPEG q80:     {report.jpeg_bps:12,.0f}   ({_ratio(whole, report.jpeg_bps)})",
+        f"  matched frames as H.264 clips:  {report.clip_bps:12,.0f}   ({_ratio(whole, report.clip_bps)})",
     ]
     return "\n".join(lines)
 
