@@ -1,8 +1,8 @@
 """Benchmark: the cloud's ingest of matched frames from 1, 10 and 50 simulated edges on loopback.
 
 A real cloud server process (`filterforward cloud serve`, SQLite by default or --database-url) and, in this
-process, N real edge uplinks (edge.uplink.Uplink: disk spool, credit window, acks) sending a real JPEG of
-the intel-car clip. Two measurements per N:
+process, N real edge uplinks (edge.uplink.Uplink over edge.link.Link: disk spool, credit window, acks) sending
+a real JPEG of the intel-car clip. Two measurements per N:
 
 * throughput: every edge's spool is filled first (--frames in all), then the uplinks start; matched
   frames/s = frames / time until the cloud has acknowledged them all (stored + acked);
@@ -37,6 +37,7 @@ from cloud.config import load_cloud_config
 from cloud.db import StoredFrame, make_engine
 from edge.config import CloudLink, SpoolConfig
 from edge.encoder import encode_jpeg
+from edge.link import Link
 from edge.sink import MatchedFrame
 from edge.uplink import Uplink
 
@@ -93,9 +94,14 @@ class Cloud:
 def make_edges(cloud: Cloud, folder: Path, count: int, tag: str) -> list[Uplink]:
     link = CloudLink(address="127.0.0.1", ingest_port=cloud.ingest, publish_port=cloud.publish, insecure=True)
     return [
-        Uplink(f"{tag}-{i}", ["cam"], link, SpoolConfig(path=folder / f"{tag}-{i}", max_bytes=2**32))
+        Uplink(Link(f"{tag}-{i}", ["cam"], link), SpoolConfig(path=folder / f"{tag}-{i}", max_bytes=2**32))
         for i in range(count)
     ]
+
+
+def close(edge: Uplink) -> None:
+    edge.link.close()  # first: the link's thread reads the uplink's spool
+    edge.close()
 
 
 def send(edge: Uplink, index: int, jpeg: bytes) -> None:
@@ -110,14 +116,14 @@ def throughput(cloud: Cloud, folder: Path, count: int, frames: int, jpeg: bytes)
             send(edge, index, jpeg)
     started = time.perf_counter()
     for edge in edges:
-        edge.start()
+        edge.link.start()
     deadline = started + 600
     for edge in edges:
         if not edge.wait_drained(max(1.0, deadline - time.perf_counter())):
-            raise RuntimeError(f"{edge.edge_id}: not drained within 10 minutes")
+            raise RuntimeError(f"{edge.link.edge_id}: not drained within 10 minutes")
     elapsed = time.perf_counter() - started
     for edge in edges:
-        edge.close()
+        close(edge)
     return per_edge * count, per_edge * count / elapsed
 
 
@@ -125,7 +131,7 @@ def latency(cloud: Cloud, folder: Path, count: int, rate: float, seconds: float,
     tag = f"l{count}-{RUN}"
     edges = make_edges(cloud, folder, count, tag)
     for edge in edges:
-        edge.start()
+        edge.link.start()
     time.sleep(1.0)  # connected before the clock starts
     ticks = int(rate * seconds)
     started = time.perf_counter()
@@ -137,7 +143,7 @@ def latency(cloud: Cloud, folder: Path, count: int, rate: float, seconds: float,
             send(edge, tick, jpeg)
     for edge in edges:
         edge.wait_drained(120)
-        edge.close()
+        close(edge)
     engine = make_engine(cloud.db_url)
     with engine.connect() as conn:
         rows = conn.execute(

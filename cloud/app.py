@@ -1,9 +1,10 @@
-"""The cloud service: one FastAPI app (REST API, web page, /metrics, /healthz) that also runs the ZeroMQ ingest.
+"""The cloud service: one FastAPI app (REST API, web page, /metrics, /healthz) that also runs the ZeroMQ ingest
+and the filter publisher.
 
-`start_services(config, stack)` opens the database, starts the ingest, the notifier and the retention sweeps
-(and the stack stops them in reverse order); a configuration the host cannot honour (a data_dir that cannot be
-created, a database that cannot be opened, missing keys) is one FilterForwardError line, before the HTTP server
-starts. `create_app(config, services)` describes the app over those parts.
+`start_services(config, stack)` opens the database, starts the ingest, the publisher, the notifier and the
+retention sweeps (and the stack stops them in reverse order); a configuration the host cannot honour (a data_dir
+that cannot be created, a database that cannot be opened, missing keys) is one FilterForwardError line, before
+the HTTP server starts. `create_app(config, services)` describes the app over those parts.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
 from cloud.metrics import ServiceCollector
 from cloud.notify import Notifier
+from cloud.publisher import Publisher
 from cloud.registry import Registry, RegistryError
 from cloud.routers import edges, events, filters, stats
 from cloud.schemas import Health, errors
@@ -57,6 +59,7 @@ class Services:
     registry: Registry
     notifier: Notifier
     ingest: Ingest
+    publisher: Publisher
     metrics: CollectorRegistry
 
 
@@ -106,14 +109,18 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     ingest = Ingest(config, storage, sessions, notify=notifier.publish, on_disk_full=sweep_now.set)
     ingest.start()
     stack.callback(ingest.stop)
-    ingest_port, publish_port = ingest.ports
-    log.info("ingest on %s:%d, filter updates on %s:%d", config.zmq.bind, ingest_port, config.zmq.bind, publish_port)
+    filters_changed = threading.Event()  # the registry sets it after each committed change: the publisher sends it
+    publisher = Publisher(config.zmq, sessions, wake=filters_changed)
+    publisher.start(ingest.context)  # in the ingest's context: the same ZAP allow-list judges edges on both sockets
+    stack.callback(publisher.stop)  # before the ingest stops: its context waits for the publisher's socket
+    log.info("ingest on %s:%d, filter updates on %s:%d", config.zmq.bind, ingest.port, config.zmq.bind, publisher.port)
     _start_retention(config, sessions, store, stack, sweep_now)
     metrics_registry = CollectorRegistry(auto_describe=False)
-    counts = {"ingest": lambda: ingest.counts, "notify": lambda: notifier.counts}
+    # "published" stays among the ingest's counts: the metric filterforward_ingest_total{count="published"} is kept
+    counts = {"ingest": lambda: {**ingest.counts, **publisher.counts}, "notify": lambda: notifier.counts}
     metrics_registry.register(ServiceCollector(sessions, config, counts))
-    registry = Registry(sessions, config.max_upload_bytes)
-    return Services(engine, sessions, store, storage, registry, notifier, ingest, metrics_registry)
+    registry = Registry(sessions, config.max_upload_bytes, on_change=filters_changed.set)
+    return Services(engine, sessions, store, storage, registry, notifier, ingest, publisher, metrics_registry)
 
 
 def _open_database(url: str) -> Engine:

@@ -1,12 +1,14 @@
-"""The cloud's ZeroMQ side: a ROUTER the edges' uplinks talk to, and a PUB that sends them filter changes.
+"""The cloud's ZeroMQ ingest: the ROUTER the edges' links talk to (filter changes go out on cloud.publisher's PUB).
 
 One thread runs a poll loop (ZeroMQ guide style) over the ROUTER: it decodes each message (common.protocol),
 checks that the edge it names is the one CURVE authenticated (the ZAP handler sets the connection's User-Id
 to the edge id), then stores the frames and events of one loop pass together (Storage.store_many: one
 transaction), hands out the notifications that became due and acknowledges the stored seqs, one Ack per edge
 per pass, then answers the pass's heartbeats (writing each edge's last_seen once). It answers snapshot requests
-from the database (the Clone pattern), and every 0.1 s publishes the FilterChange rows newer than the last one
-it published, in version order.
+(the Clone pattern) with cloud.publisher's snapshot of the database, on the ROUTER they came in on.
+
+The ingest's context carries the ZAP handler (cloud.zap) that checks edge keys for every CURVE socket in it:
+the publisher binds its PUB there too, so one allow-list judges both.
 
 A message that cannot be decoded or names another edge is counted, answered with Error and dropped; a
 message that fails to store, or every message of a pass whose transaction fails as a whole, is logged and not
@@ -18,7 +20,6 @@ keep their messages spooled until there is room. Nothing stops the loop.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import secrets
 import threading
@@ -29,36 +30,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
-from pydantic import ValidationError
-from sqlalchemy import func, select, true
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from cloud.config import CloudConfig
-from cloud.db import Filter, FilterChange
+from cloud.publisher import snapshot
+from cloud.sockets import HEADER_ROOM, bind_server
 from cloud.storage import Message, Notification, Storage, is_disk_full
 from cloud.zap import PUBLIC_KEY_PROPERTY, ZapHandler
-from common.curve import make_server
 from common.protocol import (
     ID_PATTERN,
     MAX_PAYLOAD_BYTES,
-    TOPIC,
     Ack,
     Error,
     EventHeader,
-    FilterUpdate,
     FrameHeader,
     Heartbeat,
     Hello,
     ProtocolError,
-    SnapshotEnd,
     SnapshotRequest,
     Stats,
     decode,
     encode,
 )
-from models.errors import FilterForwardError
-from models.filterspec import FilterSpec
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +67,12 @@ COUNTS = (
     "acked",  # seqs acknowledged
     "heartbeats",  # edge heartbeats answered
     "snapshots",  # snapshot requests answered
-    "published",  # filter changes published
     "notified",  # event notifications handed to notify()
 )
 PERSISTED = frozenset({"malformed", "unauthenticated"})  # refusals also go to the database's Counter rows
-PUBLISH_INTERVAL = 0.1  # seconds between polls of the FilterChange table
 SAVE_INTERVAL = 1.0  # seconds between writes of the refusal counters
+STOP_CHECK_MS = 100  # the loop's longest wait for a message before it looks whether stop() was called
 BATCH = 256  # messages handled per loop pass before the acks go out
-HEADER_ROOM = 1024 * 1024  # bytes allowed for any message part but a payload (headers are a few hundred)
 
 
 class _Refused(Exception):
@@ -116,31 +108,28 @@ class Ingest:
         self._lock = threading.Lock()  # guards counts: the ZAP thread counts refusals
         self._unsaved: Counter[str] = Counter()  # persisted counts not yet written to the database
         self._logged: set[tuple[str, ...]] = set()  # refusal log lines already written (once per peer and reason)
-        self._published = 0  # the last FilterChange version published
-        self._publish_failing = False
         self._stop = threading.Event()
-        self._context: zmq.Context | None = None
+        self.context: zmq.Context | None = None  # from start(); also the publisher's (see the module doc)
         self._zap: ZapHandler | None = None
-        self._sockets: list[zmq.Socket] = []
-        self._ports = (0, 0)
+        self._router: zmq.Socket | None = None
+        self.port = 0  # the ingest port bound: the configured one, or the free one picked for port 0
         self._thread: threading.Thread | None = None
 
-    @property
-    def ports(self) -> tuple[int, int]:
-        """(ingest, publish) ports actually bound: the configured ones, or the free ones picked for port 0."""
-        return self._ports
-
     def start(self) -> None:
-        """Binds both sockets (CURVE servers with the edge allow-list unless insecure) and starts the loop."""
-        self._context = zmq.Context()
+        """Binds the ROUTER (a CURVE server with the edge allow-list unless insecure) and starts the loop."""
+        self.context = zmq.Context()
         try:
             if not self._config.insecure:
-                self._zap = ZapHandler(self._context, self._config.edge_keys, self._count)
-                self._zap.start()  # before the binds: a CURVE handshake without a ZAP handler would pass
-            self._router, ingest_port = self._bind(zmq.ROUTER, self._config.ingest_port, "ingest_port")
-            self._pub, publish_port = self._bind(zmq.PUB, self._config.publish_port, "publish_port")
-            self._ports = (ingest_port, publish_port)
-            self._published = self._latest_version()  # publish changes from now on; snapshots cover the past
+                self._zap = ZapHandler(self.context, self._config.edge_keys, self._count)
+                self._zap.start()  # before any bind: a CURVE handshake without a ZAP handler would pass
+            self._router, self.port = bind_server(
+                self.context,
+                self._config,
+                zmq.ROUTER,
+                self._config.ingest_port,
+                "ingest_port",
+                MAX_PAYLOAD_BYTES + HEADER_ROOM,
+            )
         except BaseException:
             self._close()
             raise
@@ -149,6 +138,7 @@ class Ingest:
         log.info("ingest session %s (%s)", self.session_id, "insecure" if self._config.insecure else "CURVE")
 
     def stop(self) -> None:
+        """Stops the loop and closes the context: stop the publisher first (terminating waits for its socket)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -156,33 +146,15 @@ class Ingest:
         self._save_counts()
 
     def _close(self) -> None:
-        for socket in self._sockets:
-            socket.close(linger=0)
-        self._sockets.clear()
+        if self._router is not None:
+            self._router.close(linger=0)
+            self._router = None
         if self._zap is not None:
             self._zap.stop()
             self._zap = None
-        if self._context is not None:
-            self._context.term()
-            self._context = None
-
-    def _bind(self, kind: int, port: int, setting: str) -> tuple[zmq.Socket, int]:
-        socket = self._context.socket(kind)
-        socket.linger = 0
-        # A peer sending a larger message part is disconnected before it is buffered (the PUB socket only ever
-        # receives subscriptions).
-        socket.maxmsgsize = MAX_PAYLOAD_BYTES + HEADER_ROOM if kind == zmq.ROUTER else HEADER_ROOM
-        self._sockets.append(socket)
-        if not self._config.insecure:
-            make_server(socket, self._config.secret_key)
-        address = f"tcp://{self._config.bind}:{port or '*'}"
-        try:
-            socket.bind(address)
-        except zmq.ZMQError as exc:
-            raise FilterForwardError(
-                f"cannot bind zmq.{setting} to {address} ({exc}): pick a free port or stop what is using it"
-            ) from None
-        return socket, int(socket.last_endpoint.rsplit(b":", 1)[1])
+        if self.context is not None:
+            self.context.term()
+            self.context = None
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -213,14 +185,10 @@ class Ingest:
 
     def _run(self) -> None:
         self._guarded(self._notify_pending)
-        next_publish = next_save = time.monotonic()
+        next_save = time.monotonic()
         while not self._stop.is_set():
-            wait_ms = math.ceil(max(0.0, next_publish - time.monotonic()) * 1000)
-            if self._router.poll(wait_ms):
+            if self._router.poll(STOP_CHECK_MS):
                 self._drain()
-            if time.monotonic() >= next_publish:
-                self._publish_changes()
-                next_publish = time.monotonic() + PUBLISH_INTERVAL
             if time.monotonic() >= next_save:
                 self._save_counts()
                 next_save = time.monotonic() + SAVE_INTERVAL
@@ -377,53 +345,11 @@ class Ingest:
         self._router.send_multipart([identity, *encode(header, payload)])
 
     def _send_snapshot(self, identity: bytes) -> None:
-        """Every current filter, then the version they reflect: read in one statement, so they agree."""
-        latest = select(func.coalesce(func.max(FilterChange.version), 0).label("version")).subquery()
-        query = select(latest.c.version, Filter).select_from(latest).outerjoin(Filter, true()).order_by(Filter.name)
-        with self._sessions() as session:
-            rows = session.execute(query).all()
-        for _, row in rows:
-            if row is not None and (spec := _spec(row)) is not None:
-                self._send(
-                    identity, FilterUpdate(version=row.revision, action="put", name=row.name, spec=spec), row.onnx
-                )
-        self._count("snapshots")
-        self._send(identity, SnapshotEnd(version=rows[0][0]))
-
-    def _latest_version(self) -> int:
-        with self._sessions() as session:
-            return session.scalar(select(func.coalesce(func.max(FilterChange.version), 0)))
-
-    def _publish_changes(self) -> None:
-        query = (
-            select(FilterChange, Filter)
-            .outerjoin(Filter, Filter.name == FilterChange.name)
-            .where(FilterChange.version > self._published)
-            .order_by(FilterChange.version)
-        )
-        try:
-            with self._sessions() as session:
-                rows = session.execute(query).all()
-        except SQLAlchemyError as exc:
-            if not self._publish_failing:  # once per outage: this runs ten times a second
-                log.error("cannot read filter changes, retrying until the database answers: %s", exc)
-            self._publish_failing = True
-            return
-        if self._publish_failing:
-            log.info("reading filter changes again")
-            self._publish_failing = False
-        for change, row in rows:
-            spec = _spec(row) if change.action == "put" and row is not None else None
-            if spec is None:
-                # a delete, a put whose filter is gone by now (a later delete follows) or whose stored spec is
-                # invalid (logged): sent as a delete, so the versions stay contiguous (edges resnapshot at a gap)
-                header, payload = FilterUpdate(version=change.version, action="delete", name=change.name), b""
-            else:
-                header, payload = FilterUpdate(version=change.version, action="put", name=row.name, spec=spec), row.onnx
-            self._pub.send_multipart([TOPIC, *encode(header, payload)])
-            self._published = change.version
-            self._count("published")
-            log.info("published filter change %d: %s %s", change.version, header.action, change.name)
+        updates, end = snapshot(self._sessions)
+        for header, payload in updates:
+            self._send(identity, header, payload)
+        self._count("snapshots")  # before the reply that completes it, so whoever got that reply sees the count
+        self._send(identity, end)
 
 
 def _property(frame: zmq.Frame, name: str) -> str | None:
@@ -431,12 +357,4 @@ def _property(frame: zmq.Frame, name: str) -> str | None:
     try:
         return frame.get(name)
     except zmq.ZMQError:
-        return None
-
-
-def _spec(row: Filter) -> FilterSpec | None:
-    try:
-        return FilterSpec.model_validate(row.spec)
-    except ValidationError as exc:
-        log.error("filter %s has an invalid stored spec, not sent to edges: %s", row.name, exc)
         return None

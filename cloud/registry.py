@@ -1,9 +1,9 @@
 """The filter registry: create, update and delete filters, each change logged as a FilterChange for the edges.
 
 Every change writes the Filter row and a FilterChange with version = max + 1 in one transaction, so the
-ingest publishes changes in exactly the order they were made. Two writers that pick the same version collide
-on the change log's primary key; the loser retries with the next one. Every refusal (RegistryError) happens
-before anything is written.
+publisher (cloud.publisher) sends changes in exactly the order they were made; `on_change` wakes it once the
+transaction is committed. Two writers that pick the same version collide on the change log's primary key; the
+loser retries with the next one. Every refusal (RegistryError) happens before anything is written.
 """
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ def parse_spec(text: str) -> FilterSpec:
 
 
 class Registry:
-    def __init__(self, sessions: sessionmaker, max_upload_bytes: int) -> None:
+    def __init__(self, sessions: sessionmaker, max_upload_bytes: int, on_change: Callable[[], None]) -> None:
         self._sessions = sessions
         self.max_upload_bytes = max_upload_bytes
+        self._on_change = on_change  # called after each committed change (wakes the publisher)
 
     def filters(self) -> list[Filter]:
         with self._sessions() as session:
@@ -138,7 +139,8 @@ class Registry:
             raise RegistryError(422, str(exc)) from None
 
     def _change(self, name: str, action: str, apply: Callable[[Session, int], T]) -> T:
-        """Run `apply` and log the change with the next version, in one transaction (retried on a collision)."""
+        """Run `apply` and log the change with the next version, in one transaction (retried on a collision);
+        `on_change` once it is committed."""
         for attempt in range(1, RETRIES + 1):
             try:
                 with self._sessions.begin() as session:
@@ -146,6 +148,7 @@ class Registry:
                     version = (session.scalar(select(func.max(FilterChange.version))) or 0) + 1
                     result = apply(session, version)
                     session.add(FilterChange(version=version, name=name, action=action))
+                self._on_change()
                 return result
             except IntegrityError:
                 log.info("filter change %s %s collided with another (attempt %d); retrying", action, name, attempt)

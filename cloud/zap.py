@@ -1,4 +1,4 @@
-"""ZAP (ZeroMQ RFC 27) for the ingest's CURVE sockets: only edges whose public key is in the allow-list folder.
+"""ZAP (ZeroMQ RFC 27) for the cloud's CURVE sockets: only edges whose public key is in the allow-list folder.
 
 The folder (config `zmq.edge_keys`) holds one public key file per allowed edge, `<edge-id>.key`, as written
 by `filterforward keys create`. It is re-read whenever a file in it changes, so allowing an edge needs no

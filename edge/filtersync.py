@@ -2,7 +2,7 @@
 
 A SUB socket receives every filter change the cloud publishes, each one version above the last. Once that
 socket is connected (so no change published from now on is missed), a snapshot is requested over the
-uplink's DEALER: one FilterUpdate per current filter, then SnapshotEnd with the version it reflects. The
+link (edge.link): one FilterUpdate per current filter, then SnapshotEnd with the version it reflects. The
 snapshot replaces the cloud-managed filters in the bank; changes published meanwhile are held and applied
 after it, in order, when above its version. A gap in the versions, a reconnect of the SUB socket or a new
 cloud session (the cloud restarted) means something may have been missed: a new snapshot is requested.
@@ -22,16 +22,15 @@ import time
 
 import zmq
 
-from common.protocol import TOPIC, FilterUpdate, ProtocolError, SnapshotEnd, decode
-from edge.config import CloudLink
+from common.protocol import TOPIC, FilterUpdate, ProtocolError, SnapshotEnd, SnapshotRequest, decode
+from edge.link import Link, Worker, open_socket
 from edge.mcbank import MCBank
-from edge.uplink import Uplink, Waker, open_socket
 from models.filterspec import FilterSpec
 
 log = logging.getLogger(__name__)
 
 Update = tuple[FilterUpdate, bytes]
-_RESNAPSHOT = "resnapshot"  # queued when the uplink reports a new cloud session
+_RESNAPSHOT = "resnapshot"  # queued when the link reports a new cloud session
 
 
 class FilterSync:
@@ -40,13 +39,11 @@ class FilterSync:
     def __init__(
         self,
         bank: MCBank,
-        uplink: Uplink,
-        link: CloudLink,
+        link: Link,
         cameras: list[str],
         local: dict[str, tuple[FilterSpec, bytes]] | None = None,
     ):
         self.bank = bank
-        self.uplink = uplink
         self.link = link
         self.cameras = list(cameras)
         self.local = dict(local or {})  # name -> (spec, onnx) from the edge config's bundles
@@ -54,53 +51,50 @@ class FilterSync:
         self.errors = 0
         self.synced = threading.Event()  # set once the first snapshot is applied
         self._cloud: dict[str, int] = {}  # names the cloud governs -> version of the change last applied
-        self._from_uplink: queue.SimpleQueue[tuple[FilterUpdate | SnapshotEnd, bytes] | str] = queue.SimpleQueue()
+        self._from_link: queue.SimpleQueue[tuple[FilterUpdate | SnapshotEnd, bytes] | str] = queue.SimpleQueue()
         # Parts of the snapshot being received: replies come whole and in order, so the parts since the last
         # SnapshotEnd belong to the next one.
         self._snapshot: dict[str, Update] = {}
         self._awaiting_since: float | None = None  # when the outstanding snapshot was requested
         self._held: list[Update] = []  # published changes that arrived while awaiting a snapshot
-        self._waker = Waker()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="filtersync", daemon=True)
-        uplink.listen(self._dealer_message, self._session_changed)
+        self._worker = Worker("filtersync", self._serve)
+        link.route(FilterUpdate, self._reply)
+        link.route(SnapshotEnd, self._reply)
+        link.on_restart(self._session_changed)
 
     def start(self) -> None:
-        self._thread.start()
+        self._worker.start()
 
     def close(self) -> None:
-        self._stopping.set()
-        self._waker.wake()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        self._waker.close()
+        self._worker.stop()
 
-    # -- called from the uplink's network thread ---------------------------------------------------------
+    # -- called from the link's thread --------------------------------------------------------------------
 
-    def _dealer_message(self, header: FilterUpdate | SnapshotEnd, payload: bytes) -> None:
-        self._from_uplink.put((header, payload))
-        self._waker.wake()
+    def _reply(self, header: FilterUpdate | SnapshotEnd, payload: bytes) -> None:
+        self._from_link.put((header, payload))
+        self._worker.wake()
 
     def _session_changed(self) -> None:
-        self._from_uplink.put(_RESNAPSHOT)
-        self._waker.wake()
+        self._from_link.put(_RESNAPSHOT)
+        self._worker.wake()
 
     # -- the sync thread ---------------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        sub, monitor = open_socket(zmq.SUB, self.link, self.link.publish_port, report=False)  # the uplink reports
+        config = self.link.config
+        sub, monitor = open_socket(zmq.SUB, config, config.publish_port, report=False)  # the link's DEALER reports
         sub.subscribe(TOPIC)
         poller = zmq.Poller()
-        for source in (sub, monitor.socket, self._waker.reader):
+        for source in (sub, monitor.socket, self._worker.reader):
             poller.register(source, zmq.POLLIN)
         try:
-            while not self._stopping.is_set():
-                poller.poll(1000 * self.link.heartbeat)
-                self._waker.clear()
+            while not self._worker.stopping.is_set():
+                poller.poll(1000 * config.heartbeat)
+                self._worker.clear()
                 if zmq.EVENT_HANDSHAKE_SUCCEEDED in monitor.events():
                     self._request_snapshot("connected")  # the subscription is in place: nothing new is missed
                 self._receive_published(sub)
-                self._receive_from_uplink()
+                self._receive_from_link()
                 self._retry_snapshot()
         except Exception:
             log.exception("filter sync with %s failed; the bank keeps its filters", monitor.endpoint)
@@ -123,9 +117,9 @@ class FilterSync:
             else:
                 self._apply_published(header, payload)
 
-    def _receive_from_uplink(self) -> None:
-        while not self._from_uplink.empty():
-            message = self._from_uplink.get()
+    def _receive_from_link(self) -> None:
+        while not self._from_link.empty():
+            message = self._from_link.get()
             if message == _RESNAPSHOT:
                 self._snapshot = {}  # parts of a reply the old cloud process did not finish
                 self._request_snapshot("the cloud restarted")
@@ -137,13 +131,14 @@ class FilterSync:
                 self._end_snapshot(header.version)
 
     def _retry_snapshot(self) -> None:
-        if self._awaiting_since is not None and time.monotonic() - self._awaiting_since > self.link.timeout:
-            self._request_snapshot(f"no snapshot within {self.link.timeout:g} s")
+        timeout = self.link.config.timeout
+        if self._awaiting_since is not None and time.monotonic() - self._awaiting_since > timeout:
+            self._request_snapshot(f"no snapshot within {timeout:g} s")
 
     def _request_snapshot(self, why: str) -> None:
         log.debug("requesting a filter snapshot: %s", why)
         self._awaiting_since = time.monotonic()
-        self.uplink.request_snapshot()
+        self.link.post(SnapshotRequest(edge=self.link.edge_id))
 
     def _end_snapshot(self, version: int) -> None:
         snapshot, self._snapshot = self._snapshot, {}
@@ -177,7 +172,7 @@ class FilterSync:
 
     def _set_version(self, version: int) -> None:
         self.version = version
-        self.uplink.filters_version = version
+        self.link.filters_version = version
 
     # -- changes to the bank -----------------------------------------------------------------------------
 

@@ -2,9 +2,9 @@
 
 Stopping (`stop()`, from SIGTERM or Ctrl-C): the cameras stop reading, their pipelines close the open events
 (the end messages go to the spool like any other), the uplink gets up to min(DRAIN_MAX, cloud.timeout)
-seconds to have the spool acknowledged while the cloud answers, then the filter sync, the uplink and the
-spool close. A `stop()` during that wait (the second signal) cuts it short. What stays spooled goes first
-on the next start.
+seconds to have the spool acknowledged while the cloud answers, then the filter sync, the link (sending the
+last stats) and the spool close. A `stop()` during that wait (the second signal) cuts it short. What stays
+spooled goes first on the next start.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.protocol import Stats
 from edge.config import CameraConfig, EdgeConfig
 from edge.filtersync import FilterSync
+from edge.link import Link
 from edge.mcbank import MCBank
 from edge.metrics import EdgeCollector, MetricsServer
 from edge.pipeline import CameraPipeline, StageStats
@@ -61,9 +63,9 @@ class _Totals:
 class EdgeNode:
     """Runs every camera until its source ends or `stop()` is called; logs per-camera stats periodically.
 
-    With a `cloud` link configured (and no sink given), matched frames go to the cloud through the uplink
-    and the cloud's filters are kept in the bank by the filter sync. With `metrics_port` set, /metrics
-    serves the cameras' and the uplink's numbers while `run()` runs."""
+    With a `cloud` link configured (and no sink given), one link to the cloud carries the uplink (matched
+    frames), the filter sync (the cloud's filters, kept in the bank) and the stats. With `metrics_port` set,
+    /metrics serves the cameras' and the uplink's numbers while `run()` runs."""
 
     def __init__(self, config: EdgeConfig, sink: Sink | None = None):
         self.config = config
@@ -71,12 +73,14 @@ class EdgeNode:
         self.bank = MCBank(self.base.taps, self.base.input_size)
         local = load_filters(self.bank, config.filters)
         cameras = [cam.name for cam in config.cameras]
+        self.link: Link | None = None
         self.uplink: Uplink | None = None
         self.filtersync: FilterSync | None = None
         if sink is None and config.cloud is not None:
-            self.uplink = Uplink(config.edge_id, cameras, config.cloud, config.spool)
+            self.link = Link(config.edge_id, cameras, config.cloud)
+            self.uplink = Uplink(self.link, config.spool)
             named = {spec.name: (spec, onnx) for spec, onnx in local}
-            self.filtersync = FilterSync(self.bank, self.uplink, config.cloud, cameras, named)
+            self.filtersync = FilterSync(self.bank, self.link, cameras, named)
         self.sink = sink or self.uplink or FolderSink(config.sink.path)
         self.metrics: MetricsServer | None = None
         self._stop = threading.Event()  # set by run() once a stop was asked for: the camera threads see it
@@ -151,10 +155,10 @@ class EdgeNode:
             time.sleep(max(0.0, min(POLL, next_stats - time.monotonic())))
 
     def _connect(self) -> None:
-        """Start the uplink and the filter sync; wait (up to the link's timeout) for the cloud's filters."""
-        if self.uplink is None or self.filtersync is None:
+        """Start the link and the filter sync; wait (up to the link's timeout) for the cloud's filters."""
+        if self.link is None or self.filtersync is None:
             return
-        self.uplink.start()
+        self.link.start()
         self.filtersync.start()
         timeout = self.config.cloud.timeout
         deadline = time.monotonic() + timeout
@@ -170,21 +174,22 @@ class EdgeNode:
     def _close(self) -> None:
         if self.filtersync is not None:
             self.filtersync.close()
-        if self.uplink is not None:
-            self._drain(self.uplink)
+        if self.link is not None and self.uplink is not None:
+            self._drain(self.link, self.uplink)
+            self.link.close()
         self.bank.close()
         self.sink.close()
 
-    def _drain(self, uplink: Uplink) -> None:
+    def _drain(self, link: Link, uplink: Uplink) -> None:
         """Wait for the cloud to acknowledge the spool: up to min(DRAIN_MAX, cloud.timeout) s while it answers,
         until a stop request comes meanwhile. The rest stays spooled and goes first on the next start."""
         limit = min(DRAIN_MAX, self.config.cloud.timeout)
         deadline, requests = time.monotonic() + limit, self._stop_requests
-        if uplink.spool.messages and uplink.connected:
+        if uplink.spool.messages and link.connected:
             log.info(
                 "waiting up to %g s for the cloud to acknowledge %d spooled message(s)", limit, uplink.spool.messages
             )
-        while uplink.spool.messages and uplink.connected and time.monotonic() < deadline:
+        while uplink.spool.messages and link.connected and time.monotonic() < deadline:
             if self._stop_requests > requests:
                 log.warning("stopping at once (asked again): not waiting for the cloud's acknowledgements")
                 break
@@ -268,8 +273,9 @@ class EdgeNode:
                 self._totals[name].failed,
                 _state(source.ended, stats.online, stopped=final and self._stopping()),
             )
-        if self.uplink is not None and self.filtersync is not None:
-            self.uplink.send_stats(cameras, self._filter_stats())
+        if self.link is not None and self.uplink is not None and self.filtersync is not None:
+            counters = {**self.uplink.stats(), **self._filter_stats()}
+            self.link.post(Stats(edge=self.config.edge_id, cameras=cameras, uplink=counters))
 
     # -- /metrics ----------------------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Filter distribution (Clone pattern) from a real cloud registry and ingest into a real MC bank on the edge."""
+"""Filter distribution (Clone pattern) from a real cloud registry, publisher and ingest into a real MC bank on the
+edge."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 from support import wait_until
-from test_uplink import EDGE, Cloud, Keys
+from test_uplink import EDGE, PUBLISH_POLL, Cloud, Keys, close, make_uplink
 
 from cloud.db import Camera, Edge, Filter, FilterChange
 from cloud.db import Event as EventRow
@@ -17,7 +18,6 @@ from edge.config import CameraConfig, EdgeConfig, SpoolConfig
 from edge.filtersync import FilterSync
 from edge.mcbank import MCBank
 from edge.node import EdgeNode
-from edge.uplink import Uplink
 from models.filterspec import FilterSpec
 from models.taps import EFFICIENTNET_LITE0_TAPS
 
@@ -25,23 +25,20 @@ SIZE = (128, 96)
 
 
 class Edgeside:
-    """An edge's bank, uplink and filter sync, as the edge node wires them."""
+    """An edge's bank, link, uplink and filter sync, as the edge node wires them."""
 
     def __init__(self, cloud: Cloud, folder: Path, local: Sequence[tuple[FilterSpec, bytes]] = ()):
         self.bank = MCBank(EFFICIENTNET_LITE0_TAPS, SIZE, workers=1)
         self.bank.put_many(list(local))
-        link = cloud.link(cloud.keys.edge(EDGE) if cloud.keys else None)
-        self.uplink = Uplink(EDGE, ["gate"], link, SpoolConfig(path=folder / "spool"))
-        self.sync = FilterSync(
-            self.bank, self.uplink, link, ["gate"], {spec.name: (spec, onnx) for spec, onnx in local}
-        )
-        self.uplink.start()
+        self.link, self.uplink = make_uplink(cloud.link(cloud.keys.edge(EDGE) if cloud.keys else None), folder)
+        self.sync = FilterSync(self.bank, self.link, ["gate"], {spec.name: (spec, onnx) for spec, onnx in local})
+        self.link.start()
         self.sync.start()
         assert self.sync.synced.wait(30)
 
     def close(self) -> None:
         self.sync.close()
-        self.uplink.close()
+        close(self.link, self.uplink)
         self.bank.close()
 
 
@@ -56,7 +53,7 @@ def cloud(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cloud]:
 
 @pytest.fixture
 def registry(cloud: Cloud) -> Registry:
-    return Registry(cloud.sessions, 16 * 2**20)
+    return Registry(cloud.sessions, 16 * 2**20, on_change=cloud.filters_changed.set)
 
 
 @pytest.mark.parametrize("cloud", ["insecure", "curve"], indirect=True)
@@ -85,6 +82,18 @@ def test_snapshot_then_put_update_and_delete_reach_the_bank_in_order(
             return session.get(Edge, EDGE).filters_version
 
     wait_until(lambda: announced() == 4)  # the edge tells the cloud which version it runs
+    edge.close()
+
+
+def test_a_change_reaches_the_edge_on_the_registry_s_wake_up_not_a_poll(
+    cloud: Cloud, registry: Registry, make_filter, tmp_path: Path
+) -> None:
+    assert PUBLISH_POLL >= 3600  # the publisher's safety-net poll never fires here: only the wake-up can publish
+    edge = Edgeside(cloud, tmp_path)
+    assert edge.sync.version == 0
+    registry.create(*make_filter("full_frame", "late", SIZE, name="a"))
+    wait_until(lambda: edge.sync.version == 1, "the change, published on the registry's wake-up")
+    assert set(edge.bank.filters) == {"a"} and cloud.publisher.counts["published"] == 1
     edge.close()
 
 
@@ -117,9 +126,10 @@ def test_a_gap_in_the_versions_brings_a_new_snapshot(
     registry.create(*make_filter("full_frame", "late", SIZE, name="a"))
     edge = Edgeside(cloud, tmp_path)
     spec, onnx = make_filter("full_frame", "late", SIZE, name="c")
-    with cloud.sessions.begin() as session:  # version 2 is lost: the ingest publishes 3 only
+    with cloud.sessions.begin() as session:  # version 2 is lost: the publisher sends 3 only
         session.add(Filter(name="c", spec=spec.model_dump(mode="json"), onnx=onnx, revision=3))
         session.add(FilterChange(version=3, name="c", action="put"))
+    cloud.filters_changed.set()  # as the registry does after its commits
     with caplog.at_level("WARNING", logger="edge.filtersync"):
         wait_until(lambda: edge.sync.version == 3)
     assert "jumped from version 1 to 3" in caplog.text
@@ -133,7 +143,7 @@ def test_after_a_cloud_restart_the_edge_catches_up(
     registry.create(*make_filter("full_frame", "late", SIZE, name="a"))
     edge = Edgeside(cloud, tmp_path)
     cloud.stop()
-    registry.delete("a")  # changed while no ingest runs to publish it
+    registry.delete("a")  # changed while no publisher runs to send it
     registry.create(*make_filter("full_frame", "late", SIZE, name="d"))
     cloud.start()
     wait_until(lambda: edge.sync.version == 3)

@@ -1,5 +1,5 @@
-"""The cloud ingest (ROUTER + PUB) with real Storage on SQLite, driven by raw DEALER/SUB sockets speaking
-common/protocol.py on loopback, plain and with CURVE and the ZAP allow-list."""
+"""The cloud ingest (ROUTER) and filter publisher (PUB) with real Storage on SQLite, driven by raw DEALER/SUB
+sockets speaking common/protocol.py on loopback, plain and with CURVE and the ZAP allow-list."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import math
 import shutil
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,9 @@ from zmq.utils.monitor import recv_monitor_message
 from cloud.config import CloudConfig, TokenConfig, ZmqConfig
 from cloud.db import Counter, Edge, Event, Filter, FilterChange, StoredFrame, make_engine, session_factory
 from cloud.framestore import FrameStore
-from cloud.ingest import HEADER_ROOM, Ingest
+from cloud.ingest import Ingest
+from cloud.publisher import Publisher
+from cloud.sockets import HEADER_ROOM
 from cloud.storage import Notification, Storage
 from cloud.zap import NAMED_KEYS
 from common.curve import create_keypair, load_public, make_client
@@ -49,6 +52,7 @@ from models.errors import FilterForwardError
 EDGE, RUN, CAMERA = "edge-1", "run-1", "gate"
 SIZE = (384, 224)
 TIMEOUT = 10.0  # seconds; only keeps a broken test from hanging
+PUBLISH_POLL = 0.1  # seconds: rows added here bypass the registry, so the publisher's safety-net poll finds them
 
 
 def frame(seq: int, edge: str = EDGE, events: list[str] | None = None) -> FrameHeader:
@@ -117,7 +121,7 @@ class Client:
 
 
 class Cloud:
-    """A real Ingest + Storage on SQLite in `folder`; port 0 lets the ingest pick a free one."""
+    """A real Ingest + Publisher + Storage on SQLite in `folder`; port 0 lets them pick free ones."""
 
     def __init__(self, folder: Path, keys: Keys | None = None, ingest_port: int = 0) -> None:
         zmq_config = ZmqConfig(
@@ -134,11 +138,16 @@ class Cloud:
         self.storage = Storage(self.sessions, self.store, "http://cloud.test")
         self.notified: list[Notification] = []
         self.ingest = Ingest(config, self.storage, self.sessions, notify=self.notified.append)
+        self.publisher = Publisher(config.zmq, self.sessions, threading.Event(), poll=PUBLISH_POLL)
         self.context = zmq.Context()
+
+    def start(self) -> None:
+        self.ingest.start()
+        self.publisher.start(self.ingest.context)
 
     def client(self, edge_secret: Path | None = None) -> Client:
         curve = (edge_secret, self.keys.cloud_public) if self.keys else None
-        return Client(self.context, self.ingest.ports[0], curve)
+        return Client(self.context, self.ingest.port, curve)
 
     def subscriber(self, edge_secret: Path | None = None) -> zmq.Socket:
         sub = self.context.socket(zmq.SUB)
@@ -146,7 +155,7 @@ class Cloud:
         if self.keys:
             make_client(sub, edge_secret, self.keys.cloud_public)
         sub.subscribe(TOPIC)
-        sub.connect(f"tcp://127.0.0.1:{self.ingest.ports[1]}")
+        sub.connect(f"tcp://127.0.0.1:{self.publisher.port}")
         return sub
 
     def add(self, *rows: Any) -> None:
@@ -154,6 +163,7 @@ class Cloud:
             session.add_all(rows)
 
     def close(self) -> None:
+        self.publisher.stop()
         self.ingest.stop()
         self.context.destroy(linger=0)
         self.engine.dispose()
@@ -168,7 +178,7 @@ def make_cloud(tmp_path: Path) -> Iterator[Callable[..., Cloud]]:
         clouds.append(cloud)
         if before_start is not None:
             before_start(cloud)
-        cloud.ingest.start()
+        cloud.start()
         return cloud
 
     yield start
@@ -183,7 +193,7 @@ def keys(tmp_path: Path) -> Keys:
 
 def test_frame_is_stored_then_acked_and_ports_are_picked(make_cloud) -> None:
     cloud = make_cloud()
-    assert all(port > 0 for port in cloud.ingest.ports)
+    assert cloud.ingest.port > 0 and cloud.publisher.port > 0
     client = cloud.client()
     client.send(frame(7), b"jpeg bytes")
     assert client.acked(1) == [7]
@@ -229,7 +239,7 @@ def saved_count(cloud: Cloud, name: str) -> int:
 
 def test_malformed_messages_are_counted_answered_and_ingest_goes_on(make_cloud) -> None:
     cloud = make_cloud()
-    with socket.create_connection(("127.0.0.1", cloud.ingest.ports[0])) as raw:  # not even ZMTP
+    with socket.create_connection(("127.0.0.1", cloud.ingest.port)) as raw:  # not even ZMTP
         raw.sendall(b"GET / HTTP/1.0\r\n\r\n" * 10)
     client = cloud.client()
     errors = []
@@ -357,7 +367,7 @@ def test_a_flood_of_unknown_keys_gives_a_few_log_lines_and_counter_writes(
             socket.curve_publickey, socket.curve_secretkey = zmq.curve_keypair()
             socket.curve_serverkey = load_public(keys.cloud_public)
             monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-            socket.connect(f"tcp://127.0.0.1:{cloud.ingest.ports[0]}")
+            socket.connect(f"tcp://127.0.0.1:{cloud.ingest.port}")
             assert monitor.poll(TIMEOUT * 1000), "no handshake failure seen"
             socket.disable_monitor()
             socket.close()
@@ -449,12 +459,13 @@ def test_filter_changes_are_published_in_order_over_curve(make_cloud, make_filte
     assert [header.version for header, _ in updates] == list(range(first, version + 2))
     assert all((h.action, h.name, p) == ("put", "red", red_onnx) for h, p in updates[:-1])
     assert updates[-1] == (FilterUpdate(version=version + 1, action="delete", name="red"), b"")
-    wait_until(lambda: cloud.ingest.counts["published"] == version)  # versions 2..version+1: counted after sending
+    wait_until(lambda: cloud.publisher.counts["published"] == version)  # versions 2..version+1: counted after sending
 
 
 def test_stop_releases_the_ports(make_cloud) -> None:
     cloud = make_cloud()
-    ports = cloud.ingest.ports
+    ports = cloud.ingest.port, cloud.publisher.port
+    cloud.publisher.stop()
     cloud.ingest.stop()
     for port in ports:
         with socket.socket() as sock:

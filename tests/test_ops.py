@@ -407,7 +407,7 @@ def test_ingest_on_a_full_frame_store_counts_asks_for_retention_and_acks_only_wh
         context = zmq.Context()
         dealer = context.socket(zmq.DEALER)
         dealer.linger = 0
-        dealer.connect(f"tcp://127.0.0.1:{ingest.ports[0]}")
+        dealer.connect(f"tcp://127.0.0.1:{ingest.port}")
         try:
             with caplog.at_level(logging.INFO, logger="cloud.ingest"):
                 # A frame refused, an event start (no file: stored), two more frames refused: one episode.

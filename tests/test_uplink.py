@@ -1,4 +1,5 @@
-"""The uplink against a real cloud ingest and storage (SQLite in tmp_path), on loopback, plain and with CURVE."""
+"""The link and the uplink against a real cloud ingest, publisher and storage (SQLite in tmp_path), on loopback,
+plain and with CURVE."""
 
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ from cloud.db import Camera, Edge, EventFrame, StoredFrame, make_engine, session
 from cloud.db import Event as EventRow
 from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
+from cloud.publisher import Publisher
 from cloud.storage import Storage
 from common.curve import create_keypair
+from common.protocol import Stats
 from edge.config import CloudLink, SpoolConfig, load_edge_config
+from edge.link import Link
 from edge.sink import MatchedFrame
 from edge.uplink import Uplink
 from models.errors import FilterForwardError
@@ -31,6 +35,7 @@ from models.smoother import Event
 
 EDGE = "edge-1"
 JPEG = cv2.imencode(".jpg", np.full((48, 64, 3), 200, np.uint8))[1].tobytes()
+PUBLISH_POLL = 3600.0  # the publisher's safety-net poll never fires in a test: only the registry's wake-up publishes
 
 
 class Keys:
@@ -52,7 +57,8 @@ class Keys:
 
 
 class Cloud:
-    """The cloud's ingest (ROUTER + PUB) and storage on SQLite in `folder`; stop() and start() keep ports and DB."""
+    """The cloud's ingest (ROUTER), publisher (PUB) and storage on SQLite in `folder`; stop() and start() keep
+    ports and DB. `filters_changed` is the event a registry sets after each change, as in the service."""
 
     def __init__(self, folder: Path, keys: Keys | None = None):
         zmq_config = ZmqConfig(
@@ -67,14 +73,21 @@ class Cloud:
         self.config = CloudConfig(data_dir=folder, tokens=[TokenConfig(name="test", token="t" * 16)], zmq=zmq_config)
         self.keys = keys
         self.sessions = session_factory(make_engine(self.config.db_url))
+        self.filters_changed = threading.Event()
         self.ingest: Ingest | None = None
+        self.publisher: Publisher | None = None
 
     def start(self) -> None:
         storage = Storage(self.sessions, FrameStore(self.config.data_dir / "store"), self.config.base_url)
         self.ingest = Ingest(self.config, storage, self.sessions, notify=lambda _notification: None)
         self.ingest.start()
+        self.publisher = Publisher(self.config.zmq, self.sessions, self.filters_changed, poll=PUBLISH_POLL)
+        self.publisher.start(self.ingest.context)
 
     def stop(self) -> None:
+        if self.publisher is not None:
+            self.publisher.stop()
+            self.publisher = None
         if self.ingest is not None:
             self.ingest.stop()
             self.ingest = None
@@ -111,8 +124,15 @@ def curve_cloud(tmp_path: Path) -> Iterator[Cloud]:
     cloud.stop()
 
 
-def make_uplink(link: CloudLink, folder: Path, max_bytes: int = 2**30) -> Uplink:
-    return Uplink(EDGE, ["gate"], link, SpoolConfig(path=folder / "spool", max_bytes=max_bytes))
+def make_uplink(config: CloudLink, folder: Path, max_bytes: int = 2**30, edge_id: str = EDGE) -> tuple[Link, Uplink]:
+    """An edge's link to the cloud and its uplink, as the edge node wires them."""
+    link = Link(edge_id, ["gate"], config)
+    return link, Uplink(link, SpoolConfig(path=folder / "spool", max_bytes=max_bytes))
+
+
+def close(link: Link, uplink: Uplink) -> None:
+    link.close()  # first: the link's thread reads the uplink's spool
+    uplink.close()
 
 
 def send_frames(uplink: Uplink, count: int, start: int = 0, events: list[str] | None = None) -> None:
@@ -121,8 +141,8 @@ def send_frames(uplink: Uplink, count: int, start: int = 0, events: list[str] | 
 
 
 def test_frames_and_events_arrive_once_and_are_acknowledged(cloud: Cloud, tmp_path: Path) -> None:
-    uplink = make_uplink(cloud.link(), tmp_path)
-    uplink.start()
+    link, uplink = make_uplink(cloud.link(), tmp_path)
+    link.start()
     event = Event("gate/red/0", "red", "gate", 0, 0.0, None, None, 0.9)
     uplink.event("start", event)
     send_frames(uplink, 20, events=[event.id])
@@ -130,44 +150,44 @@ def test_frames_and_events_arrive_once_and_are_acknowledged(cloud: Cloud, tmp_pa
     assert uplink.wait_drained(30)
     wait_until(lambda: uplink.counts["acked"] == 22)
     assert uplink.spool.messages == 0 and uplink.spool.bytes == 0 and uplink.in_flight == 0
-    assert uplink.connected
-    uplink.close()
+    assert link.connected
+    close(link, uplink)
 
     seqs = cloud.stored_seqs()
     assert len(seqs) == len(set(seqs)) == 20
     with cloud.sessions() as session:
-        row = session.scalar(select(EventRow).where(EventRow.uid == f"{EDGE}/{uplink.run}/{event.id}"))
+        row = session.scalar(select(EventRow).where(EventRow.uid == f"{EDGE}/{link.run}/{event.id}"))
         assert row is not None and row.end_frame == 19 and row.ended_at is not None
         assert session.scalar(select(func.count()).select_from(EventFrame)) == 20
         edge = session.get(Edge, EDGE)
-        assert edge is not None and edge.run == uplink.run  # the Hello got there
+        assert edge is not None and edge.run == link.run  # the Hello got there
 
 
 def test_curve_link_delivers_and_an_unknown_key_is_refused_in_one_clear_line(
     curve_cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     keys = curve_cloud.keys
-    uplink = make_uplink(curve_cloud.link(keys.edge(EDGE)), tmp_path / "good")
-    uplink.start()
+    link, uplink = make_uplink(curve_cloud.link(keys.edge(EDGE)), tmp_path / "good")
+    link.start()
     send_frames(uplink, 5)
     assert uplink.wait_drained(30)
-    uplink.close()
+    close(link, uplink)
     assert len(curve_cloud.stored_seqs()) == 5
 
     stranger_key = keys.edge("stranger", allowed=False)
-    stranger = make_uplink(curve_cloud.link(stranger_key), tmp_path / "stranger")
-    with caplog.at_level("ERROR", logger="edge.uplink"):
-        stranger.start()
+    stranger_link, stranger = make_uplink(curve_cloud.link(stranger_key), tmp_path / "stranger")
+    with caplog.at_level("ERROR", logger="edge.link"):
+        stranger_link.start()
         send_frames(stranger, 3, start=100)
         wait_until(lambda: "refused this edge's key" in caplog.text)
         refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    stranger.close()
+    close(stranger_link, stranger)
     public = stranger_key.with_suffix(".key")
     assert refusals == [
         f"cloud at tcp://127.0.0.1:{curve_cloud.config.zmq.ingest_port} refused this edge's key: "
         f"add {public} to the cloud's zmq.edge_keys folder"
     ]
-    assert not stranger.connected and stranger.spool.messages == 3  # kept for when the key is allowed
+    assert not stranger_link.connected and stranger.spool.messages == 3  # kept for when the key is allowed
     assert len(curve_cloud.stored_seqs()) == 5
 
 
@@ -178,12 +198,12 @@ def test_a_wrong_cloud_key_or_a_plain_edge_fails_the_handshake_in_one_clear_line
     wrong_server = {"server_key": impostor_secret.with_suffix(".key")}
     for name, fields in [("wrong-server", wrong_server), ("plain", {"insecure": True})]:
         caplog.clear()
-        uplink = make_uplink(curve_cloud.link(curve_cloud.keys.edge(name), **fields), tmp_path / name)
-        with caplog.at_level("ERROR", logger="edge.uplink"):
-            uplink.start()
+        link, uplink = make_uplink(curve_cloud.link(curve_cloud.keys.edge(name), **fields), tmp_path / name)
+        with caplog.at_level("ERROR", logger="edge.link"):
+            link.start()
             send_frames(uplink, 2)
             wait_until(lambda: "handshake with the cloud" in caplog.text)
-            uplink.close()
+            close(link, uplink)
         assert "check that cloud.server_key is the cloud's public key" in caplog.text
         assert len(caplog.records) == 1 and uplink.spool.messages == 2
     assert curve_cloud.stored_seqs() == []
@@ -192,12 +212,12 @@ def test_a_wrong_cloud_key_or_a_plain_edge_fails_the_handshake_in_one_clear_line
 def test_another_edge_s_key_gets_its_messages_refused_and_logged_once(
     curve_cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    impostor = Uplink("edge-2", ["gate"], curve_cloud.link(curve_cloud.keys.edge(EDGE)), SpoolConfig(path=tmp_path))
-    with caplog.at_level("WARNING", logger="edge.uplink"):
-        impostor.start()
+    link, impostor = make_uplink(curve_cloud.link(curve_cloud.keys.edge(EDGE)), tmp_path, edge_id="edge-2")
+    with caplog.at_level("WARNING", logger="edge.link"):
+        link.start()
         send_frames(impostor, 3)
-        wait_until(lambda: impostor.counts["refused"] >= 6)  # hello, heartbeats, frames: each one answered
-        impostor.close()
+        wait_until(lambda: link.refused >= 6)  # hello, heartbeats, frames: each one answered
+        close(link, impostor)
     refusals = [r.getMessage() for r in caplog.records if "refused a message" in r.getMessage()]
     assert len(refusals) == 1 and "key belongs to edge 'edge-1'" in refusals[0]
     assert impostor.spool.messages == 3 and curve_cloud.stored_seqs("edge-2") == curve_cloud.stored_seqs() == []
@@ -207,7 +227,7 @@ def test_cloud_down_mid_stream_then_back_stores_every_message_exactly_once(
     cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     window = 4
-    uplink = make_uplink(cloud.link(window=window), tmp_path)
+    link, uplink = make_uplink(cloud.link(window=window), tmp_path)
     first = uplink.spool.last_seq + 1
     in_flight: list[int] = []
     done = threading.Event()
@@ -219,18 +239,18 @@ def test_cloud_down_mid_stream_then_back_stores_every_message_exactly_once(
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    caplog.set_level("INFO", logger="edge.uplink")
-    uplink.start()
+    caplog.set_level("INFO", logger="edge.link")
+    link.start()
     send_frames(uplink, 60)
     wait_until(lambda: uplink.counts["acked"] >= 20)
     cloud.stop()  # mid-stream: some sent, some in flight, most still spooled
-    wait_until(lambda: not uplink.connected)
+    wait_until(lambda: not link.connected)
     send_frames(uplink, 60, start=60)  # spooled while the cloud is away
     cloud.start()  # a new process's ingest: same ports, same database
     assert uplink.wait_drained(60)
     done.set()
     watcher.join()
-    uplink.close()
+    close(link, uplink)
 
     seqs = cloud.stored_seqs()
     assert sorted(seqs) == list(range(first, first + 120))  # every one, once
@@ -241,29 +261,30 @@ def test_cloud_down_mid_stream_then_back_stores_every_message_exactly_once(
 
 def test_unacknowledged_messages_are_resent_by_the_next_edge_process(cloud: Cloud, tmp_path: Path) -> None:
     cloud.stop()
-    before = make_uplink(cloud.link(), tmp_path)
-    before.start()
+    before_link, before = make_uplink(cloud.link(), tmp_path)
+    before_link.start()
     send_frames(before, 10)
-    before.close()  # the cloud never saw them
+    close(before_link, before)  # the cloud never saw them
     cloud.start()
-    after = make_uplink(cloud.link(), tmp_path)
-    assert after.spool.messages == 10 and after.run != before.run
-    after.start()
+    after_link, after = make_uplink(cloud.link(), tmp_path)
+    assert after.spool.messages == 10 and after_link.run != before_link.run
+    after_link.start()
     send_frames(after, 2, start=10)
     assert after.wait_drained(30)
-    after.close()
+    close(after_link, after)
     with cloud.sessions() as session:
         runs = list(session.scalars(select(StoredFrame.run).order_by(StoredFrame.seq)))
-    assert runs == [before.run] * 10 + [after.run] * 2  # resent as spooled, byte for byte
+    assert runs == [before_link.run] * 10 + [after_link.run] * 2  # resent as spooled, byte for byte
 
 
 def test_stats_reach_the_cloud_and_a_full_spool_says_what_it_dropped(
     cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    uplink = make_uplink(cloud.link(), tmp_path)
-    uplink.start()
-    wait_until(lambda: uplink.connected)
-    uplink.send_stats({"gate": {"fps": 12.5, "frames": 40, "online": True}}, {"filter_errors": 0})
+    link, uplink = make_uplink(cloud.link(), tmp_path)
+    link.start()
+    wait_until(lambda: link.connected)
+    cameras = {"gate": {"fps": 12.5, "frames": 40, "online": True}}
+    link.post(Stats(edge=EDGE, cameras=cameras, uplink={**uplink.stats(), "filter_errors": 0}))
 
     def stored_stats() -> tuple[dict, dict] | None:
         with cloud.sessions() as session:
@@ -283,15 +304,15 @@ def test_stats_reach_the_cloud_and_a_full_spool_says_what_it_dropped(
         "sent_bytes",
         "acked",
     } <= set(edge_stats)
-    uplink.close()
+    close(link, uplink)
 
     cloud.stop()
-    small = make_uplink(cloud.link(), tmp_path / "small", max_bytes=5 * len(JPEG))
+    small_link, small = make_uplink(cloud.link(), tmp_path / "small", max_bytes=5 * len(JPEG))
     with caplog.at_level("WARNING", logger="edge.spool"):
         send_frames(small, 10)
     assert small.stats()["spool_dropped"] > 0 and small.spool.bytes <= 5 * len(JPEG)
     assert "dropped the" in caplog.text
-    small.close()
+    close(small_link, small)
 
 
 def test_cloud_and_spool_config_sections(tmp_path: Path) -> None:
