@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from models.errors import validation_summary
-from models.filterspec import NAME_PATTERN, FilterSpec
+from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec
 
 PROTOCOL = b"ff/1"
 TOPIC = b"filters"
@@ -63,6 +63,7 @@ class Hello(_Header):
     run: str = Field(min_length=1, max_length=64, description="changes each time the edge process starts")
     cameras: list[IdName] = Field(default_factory=list)
     filters_version: Version = Field(0, description="version of the filter set the edge runs")
+    base_model: BaseModelId | None = Field(None, description="the base DNN the edge runs; filters must match it")
 
 
 class Heartbeat(_Header):

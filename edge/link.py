@@ -38,6 +38,7 @@ from zmq.utils.monitor import recv_monitor_message
 from common import curve
 from common.protocol import Error, Heartbeat, Hello, ProtocolError, decode, encode
 from edge.config import CloudLink
+from models.filterspec import BaseModelId
 
 log = logging.getLogger(__name__)
 
@@ -157,9 +158,10 @@ class Worker:
 class Link:
     """The edge's DEALER link to the cloud (see the module doc); `run` names this edge process to the cloud."""
 
-    def __init__(self, edge_id: str, cameras: list[str], config: CloudLink):
+    def __init__(self, edge_id: str, cameras: list[str], config: CloudLink, base_model: BaseModelId | None = None):
         self.edge_id = edge_id
         self.cameras = list(cameras)
+        self.base_model = base_model  # told to the cloud on hello: it refuses filters trained on another
         self.config = config
         self.run = uuid.uuid4().hex[:12]
         if not config.insecure:  # fail here, in one clear line, rather than in the link's thread
@@ -305,7 +307,9 @@ class Link:
         session, version = self._session, self.filters_version
         if not session.hello_due and version == session.announced_version:
             return True
-        hello = Hello(edge=self.edge_id, run=self.run, cameras=self.cameras, filters_version=version)
+        hello = Hello(
+            edge=self.edge_id, run=self.run, cameras=self.cameras, filters_version=version, base_model=self.base_model
+        )
         if not self.send(encode(hello)):
             session.hello_due = True
             session.next_heartbeat = now + self.config.heartbeat  # retried on connect, or then

@@ -27,7 +27,7 @@ from edge.mcfusion import FusedGraph, default_opset, fuse, push_history, window_
 from models.basednn import pixels, session_options
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError
-from models.filterspec import FilterSpec
+from models.filterspec import BaseModelId, FilterSpec
 from models.taps import PIXEL_TAP, PIXELS, Tap
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,15 @@ class CameraState:
             del self.history[key]
 
 
-def load_mc(spec: FilterSpec, onnx_bytes: bytes, taps: Mapping[str, Tap], input_size: tuple[int, int]) -> LoadedMC:
+def load_mc(
+    spec: FilterSpec,
+    onnx_bytes: bytes,
+    taps: Mapping[str, Tap],
+    input_size: tuple[int, int],
+    base_model: BaseModelId | None = None,
+) -> LoadedMC:
     """Check a filter against this node's base DNN and open its ONNX session (single-threaded: MCs are tiny)."""
+    check_base_model(spec, base_model)
     if tuple(spec.input_size) != tuple(input_size):
         raise FilterForwardError(
             f"filter {spec.name!r} was trained at input size {spec.input_size[0]}x{spec.input_size[1]} but this edge "
@@ -87,6 +94,18 @@ def load_mc(spec: FilterSpec, onnx_bytes: bytes, taps: Mapping[str, Tap], input_
     return LoadedMC(spec, session, rows, cols, history_shape, onnx_bytes, default_opset(onnx_bytes), key)
 
 
+def check_base_model(spec: FilterSpec, base_model: BaseModelId | None) -> None:
+    """Refuse a filter trained on another base model: its scores would mean nothing on this one's features. A
+    spec without a recorded base model (older bundles) or a bank without one is not checked."""
+    if spec.base_model is None or base_model is None or spec.base_model == base_model:
+        return
+    raise FilterForwardError(
+        f"filter {spec.name!r} was trained on base model {spec.base_model} but this edge runs {base_model}: "
+        "retrain it on this edge's base model (filterforward train --base-model) or run the edge on the one it "
+        "was trained on"
+    )
+
+
 def tap_shape_of(spec: FilterSpec, taps: Mapping[str, Tap], input_size: tuple[int, int]) -> tuple[int, int, int]:
     """(C, H, W) of the tap a filter reads, or FilterForwardError when the base model lacks it."""
     tap = PIXEL_TAP if spec.tap == PIXELS else taps.get(spec.tap)
@@ -100,9 +119,16 @@ def tap_shape_of(spec: FilterSpec, taps: Mapping[str, Tap], input_size: tuple[in
 class MCBank:
     """Scores every MC that applies to a camera on one frame's taps."""
 
-    def __init__(self, taps: Mapping[str, Tap], input_size: tuple[int, int], workers: int | None = None):
+    def __init__(
+        self,
+        taps: Mapping[str, Tap],
+        input_size: tuple[int, int],
+        workers: int | None = None,
+        base_model: BaseModelId | None = None,
+    ):
         self.taps = dict(taps)
         self.input_size = input_size
+        self.base_model = base_model  # filters trained on another base model are refused
         self._mcs: tuple[LoadedMC, ...] = ()
         self._lock = threading.Lock()  # serialises writers; readers just take the current snapshot
         # Sessions are single-threaded and ONNX Runtime releases the GIL, so a bank spreads its fused graphs
@@ -122,7 +148,9 @@ class MCBank:
         """Add or replace several filters with one rebuild of the fused graphs (e.g. at start-up).
 
         Every filter is checked before any is applied: one bad filter changes nothing."""
-        loaded = [load_mc(spec, onnx_bytes, self.taps, self.input_size) for spec, onnx_bytes in filters]
+        loaded = [
+            load_mc(spec, onnx_bytes, self.taps, self.input_size, self.base_model) for spec, onnx_bytes in filters
+        ]
         names = {mc.spec.name for mc in loaded}
         with self._lock:
             self._mcs = self._fused((*(mc for mc in self._mcs if mc.spec.name not in names), *loaded))

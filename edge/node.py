@@ -70,14 +70,14 @@ class EdgeNode:
     def __init__(self, config: EdgeConfig, sink: Sink | None = None):
         self.config = config
         self.base = BaseDNN(config.input_size, config.base_model, config.threads)
-        self.bank = MCBank(self.base.taps, self.base.input_size)
+        self.bank = MCBank(self.base.taps, self.base.input_size, base_model=self.base.identity)
         local = load_filters(self.bank, config.filters)
         cameras = [cam.name for cam in config.cameras]
         self.link: Link | None = None
         self.uplink: Uplink | None = None
         self.filtersync: FilterSync | None = None
         if sink is None and config.cloud is not None:
-            self.link = Link(config.edge_id, cameras, config.cloud)
+            self.link = Link(config.edge_id, cameras, config.cloud, self.base.identity)
             self.uplink = Uplink(self.link, config.spool)
             named = {spec.name: (spec, onnx) for spec, onnx in local}
             self.filtersync = FilterSync(self.bank, self.link, cameras, named)
@@ -90,7 +90,7 @@ class EdgeNode:
             for cam in config.cameras
         }
         self.pipelines = {
-            cam.name: CameraPipeline(cam.name, self.base, self.bank, self.sink, self._sources[cam.name].fps)
+            cam.name: CameraPipeline(cam.name, self.base, self.bank, self.sink, self._sources[cam.name].fps, cam.upload)
             for cam in config.cameras
         }
         self._stats_lock = threading.Lock()  # the window swap against /metrics reading the totals

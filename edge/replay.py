@@ -108,7 +108,7 @@ def replay(
         raise FilterForwardError("no filters to evaluate: pass at least one filter bundle")
     input_size = specs[0][0].input_size
     base = BaseDNN(input_size, base_model)
-    bank = MCBank(base.taps, base.input_size)
+    bank = MCBank(base.taps, base.input_size, base_model=base.identity)
     bank.put_many(specs)
     sink = RecordingSink()
     pipeline = CameraPipeline(CAMERA, base, bank, sink, dataset.fps, upload)

@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from models.base_export import ensure_base_model
+from models.base_identity import identify
 from models.errors import FilterForwardError
 from models.taps import EFFICIENTNET_LITE0_TAPS, IMAGE_INPUT, MODEL_STRIDE, Tap, check_input_size
 
@@ -43,6 +44,7 @@ class BaseDNN:
         except Exception as exc:  # ONNX Runtime raises its own exception types for unreadable models
             raise FilterForwardError(f"base model {self.model_path} does not load in ONNX Runtime: {exc}") from exc
         self.taps = self._read_taps()
+        self.identity = identify(self.model_path)  # what filters must have been trained on
 
     def _read_taps(self) -> dict[str, Tap]:
         inputs = self.session.get_inputs()

@@ -70,7 +70,7 @@ def cached_features(
         raise FilterForwardError(str(exc)) from None
     start, stop = _checked_range(dataset, frames)
     needs_model = any(r.tap != PIXELS for r in requests)
-    model_digest = file_digest(_base_model_file(model_path)) if needs_model else ""
+    model_digest = file_digest(base_model_file(model_path)) if needs_model else ""
     # Pixel crops do not depend on the base model (it only resizes them), so their key leaves it out.
     entries = [
         _entry(dataset, r, input_size, PIXELS if r.tap == PIXELS else model_digest, start, stop)
@@ -100,7 +100,8 @@ def cache_key(dataset: LabelledDataset, request: FeatureRequest, input_size: tup
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def _base_model_file(model_path: Path | None) -> Path:
+def base_model_file(model_path: Path | None) -> Path:
+    """The base model's ONNX file: the given one, or the default export (made first if missing)."""
     if model_path is None:
         return ensure_base_model()
     if not Path(model_path).is_file():

@@ -65,6 +65,20 @@ class Validation(BaseModel):
     )
 
 
+class BaseModelId(BaseModel):
+    """The base model whose feature maps an MC reads (models/base_identity.py): an MC's scores mean nothing on
+    another model's features, so the edge and the cloud refuse a filter whose base model differs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    precision: str = Field("fp32", pattern=r"^[a-z0-9]{1,16}$", description="fp32, bf16, int8, ...")
+    digest: str = Field(pattern=r"^[0-9a-f]{16}$", description="the first 16 hex digits of its ONNX file's SHA-256")
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.precision} (digest {self.digest})"
+
+
 class FilterSpec(BaseModel):
     """Everything the edge needs to run one microclassifier, except its ONNX weights (stored beside it)."""
 
@@ -82,6 +96,9 @@ class FilterSpec(BaseModel):
     encoding: Encoding = Encoding()
     version: int = Field(1, ge=1, le=MAX_VERSION)
     validation: Validation | None = Field(None, description="cross-validated estimate from training, if any")
+    base_model: BaseModelId | None = Field(
+        None, description="the base model it was trained on (taps and input size above); null: not recorded"
+    )
 
     def applies_to(self, camera: str) -> bool:
         return "*" in self.cameras or camera in self.cameras

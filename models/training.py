@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from torch import nn
 from tqdm import tqdm
 
+from models.base_identity import identify
 from models.bundle import check_mc_model, write_bundle
 from models.coverage import one_place_warning
 from models.crossval import CrossValidation, choose_operating_point, plan_folds, summarize
@@ -36,8 +37,8 @@ from models.curriculum import CurriculumScheduler
 from models.datasets.labelled import UNCERTAIN, LabelledDataset
 from models.errors import FilterForwardError, validation_summary
 from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1
-from models.features import FeatureRequest, cached_features
-from models.filterspec import NAME_PATTERN, FilterSpec, Smoothing, Validation
+from models.features import FeatureRequest, base_model_file, cached_features
+from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec, Smoothing, Validation
 from models.mc_export import export_mc, verify_export
 from models.mc_kinds import MC_KINDS, MCKind
 from models.microclassifiers import Ensemble, MicroClassifier, build_mc
@@ -320,7 +321,9 @@ def finish_training(
     else:
         point = validation.point
     train_scores = event_f1(data.labels, point.apply(scores), BOUNDARY_TOLERANCE)
-    spec = make_spec(config, point.smoothing, validation and _with_coverage(validation.validation, model, data, config))
+    estimate = validation and _with_coverage(validation.validation, model, data, config)
+    base = None if config.kind.reads_pixels else identify(base_model_file(model_path))
+    spec = make_spec(config, point.smoothing, estimate, base)
     bundle = finish_bundle(model, spec, data.crop_chw, _tap_shape(config, model_path), out_dir)
     log.info("trained %s: train event F1 %.3f at threshold %.3g", spec.name, train_scores.f1, point.threshold)
     return TrainResult(spec, bundle, train_scores, losses, int(data.targets.sum()), int((data.targets == 0).sum()))
@@ -549,7 +552,12 @@ def predict(
     return np.concatenate(scores)
 
 
-def make_spec(config: TrainConfig, smoothing: Smoothing, validation: Validation | None = None) -> FilterSpec:
+def make_spec(
+    config: TrainConfig,
+    smoothing: Smoothing,
+    validation: Validation | None = None,
+    base_model: BaseModelId | None = None,
+) -> FilterSpec:
     try:
         return FilterSpec(
             name=config.name or default_name(config.event, config.architecture),
@@ -561,6 +569,7 @@ def make_spec(config: TrainConfig, smoothing: Smoothing, validation: Validation 
             smoothing=smoothing,
             window=config.window,
             validation=validation,
+            base_model=base_model,
         )
     except ValidationError as exc:
         raise FilterForwardError(f"the filter spec would not be valid: {validation_summary(exc, 'spec')}") from None

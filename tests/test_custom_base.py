@@ -67,6 +67,7 @@ def test_custom_base_model_taps_are_discovered_and_feed_mcs(tmp_path: Path) -> N
     frame = np.full((32, 64, 3), 200, np.uint8)
     taps = base.run(frame)
     assert taps["edges"].shape == (1, 4, 16, 32) and taps["coarse"].shape == (1, 8, 8, 16)
+    assert base.identity.name == "tiny" and base.identity.precision == "fp32"  # no metadata: its file's stem
 
     bank = MCBank(base.taps, base.input_size)
     spec = FilterSpec(name="bright", architecture="full_frame", tap="coarse", input_size=(64, 32))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 
 import numpy as np
@@ -143,3 +144,25 @@ def test_bad_filters_are_refused_with_a_reason(make_filter, base: BaseDNN) -> No
     with pytest.raises(FilterForwardError):
         bank.put(spec, b"garbage")
     assert bank.filters == {}
+
+
+def test_a_filter_trained_on_another_base_model_is_refused(make_filter, base: BaseDNN) -> None:
+    bank = MCBank(base.taps, SIZE, base_model=base.identity)
+    spec, onnx_bytes = make_filter("full_frame", "late", SIZE, name="kept")
+    bank.put(spec.model_copy(update={"base_model": base.identity}), onnx_bytes)
+    other = base.identity.model_copy(update={"precision": "int8", "digest": "0123456789abcdef"})
+    stranger = spec.model_copy(update={"name": "stranger", "base_model": other})
+    with pytest.raises(FilterForwardError) as error:
+        bank.put(stranger, onnx_bytes)
+    message = str(error.value)
+    assert "'stranger' was trained on base model efficientnet_lite0 int8 (digest 0123456789abcdef)" in message
+    assert f"this edge runs {base.identity}" in message and "\n" not in message
+    assert set(bank.filters) == {"kept"}  # nothing changed
+    bank.put(spec.model_copy(update={"name": "unrecorded"}), onnx_bytes)  # older bundles carry no base model
+    assert set(bank.filters) == {"kept", "unrecorded"}
+
+
+def test_the_base_model_is_identified_by_its_file(base: BaseDNN) -> None:
+    identity = base.identity
+    assert (identity.name, identity.precision) == ("efficientnet_lite0", "fp32")
+    assert identity.digest == hashlib.sha256(base.model_path.read_bytes()).hexdigest()[:16]

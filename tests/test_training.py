@@ -16,6 +16,7 @@ import torch
 from edge.mcbank import CameraState, MCBank
 from filterforward.cli import main
 from models.base_export import file_digest
+from models.base_identity import identify
 from models.basednn import BaseDNN
 from models.bundle import check_mc_model, load_bundle
 from models.cache import cache_dir
@@ -198,7 +199,7 @@ def test_discrete_baseline_trains_on_pixels(tiny: LabelledDataset, base_model: P
     config = TrainConfig(event="any_object", architecture="discrete", input_size=TINY_SIZE, frames=(0, 48), steps=5)
     result = train_mc(tiny, config, tmp_path, base_model, progress=False)
     spec, onnx_bytes = load_bundle(result.bundle)
-    assert spec.tap == "pixels"
+    assert spec.tap == "pixels" and spec.base_model is None  # pixels are the same on any base model
     check_mc_model(spec, onnx_bytes, PIXEL_TAP.shape(TINY_SIZE))
 
 
@@ -305,6 +306,7 @@ def test_default_training_chooses_the_kind_by_cross_validation(
         assert re.search(rf"candidate full_frame on tap {tap}: held-out event F1 [01]\.\d{{3}} \(", out), out
     spec, _ = load_bundle(tmp_path / "b")
     assert spec.architecture == "full_frame" and spec.tap in ("mid", "late")
+    assert spec.base_model == identify(base_model)  # the edge refuses it on any other base model
     validation = spec.validation
     assert validation is not None and validation.method == "occurrences" and validation.folds >= 2
     assert validation.f1_min <= validation.event_f1 <= validation.f1_max
