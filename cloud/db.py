@@ -7,6 +7,8 @@ frame may arrive before the start of its event when the edge resends after a rec
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,6 +31,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+from cloud import migrations
+
+WAL_TRIES = 100  # 50 ms apart
 
 
 def utcnow() -> datetime:
@@ -168,7 +174,8 @@ class Counter(Base):
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for a SQLAlchemy URL, with the schema created; SQLite gets WAL and foreign keys on."""
+    """An engine for a SQLAlchemy URL, its schema migrated to the newest revision (cloud.migrations: a
+    FilterForwardError if that cannot be done); SQLite gets WAL and foreign keys on."""
     if url.startswith("sqlite:///"):
         Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     is_sqlite = url.startswith("sqlite")
@@ -179,13 +186,22 @@ def make_engine(url: str) -> Engine:
     )
     if is_sqlite:
         event.listen(engine, "connect", _sqlite_pragmas)
-    Base.metadata.create_all(engine)
+    migrations.upgrade(engine)
     return engine
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
+    # Of connections switching a new file to WAL at once (racing start-ups), SQLite fails some at once, without
+    # the busy timeout (waiting could deadlock); the mode is kept in the file, so a retry soon finds it done.
+    for attempt in range(WAL_TRIES):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            break
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or attempt == WAL_TRIES - 1:
+                raise
+            time.sleep(0.05)
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.close()

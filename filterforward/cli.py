@@ -34,6 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Alembic (the cloud's schema migrations) logs at INFO on import and at each step; cloud.migrations logs its own.
+    logging.getLogger("alembic").setLevel(logging.NOTSET if args.verbose else logging.WARNING)
     try:
         return int(args.func(args) or 0)
     except FilterForwardError as exc:

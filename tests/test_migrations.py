@@ -1,0 +1,186 @@
+"""Schema migrations (cloud.migrations) on start, against SQLite and the local PostgreSQL (each test in its own
+schema): a fresh database, one made before migrations existed, one from a newer version, racing start-ups."""
+
+from __future__ import annotations
+
+import multiprocessing
+import uuid
+from collections.abc import Iterator
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect, select, text
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import OperationalError
+
+from cloud import migrations
+from cloud.db import Base, Event, EventFrame, Received, StoredFrame, make_engine, session_factory
+from cloud.framestore import FrameStore
+from cloud.storage import Storage
+from common.protocol import EventHeader, EventInfo, FrameHeader
+from models.errors import FilterForwardError
+
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+EDGE, RUN, CAMERA = "edge-1", "run-1", "cam-1"
+HEAD = ScriptDirectory(str(Path(migrations.__file__).parent)).get_current_head()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The URL of an empty database: a SQLite file, or a fresh PostgreSQL schema (dropped after)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'cloud.db'}"
+        return
+    schema = f"ff_migrations_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_URL)
+    try:
+        with admin.begin() as connection:
+            connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        pytest.skip(f"PostgreSQL at {PG_URL} is not reachable: {str(exc).splitlines()[0]}")
+    try:
+        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def engines() -> Iterator[list[Engine]]:
+    """Engines a test opens, disposed after it (before its PostgreSQL schema is dropped)."""
+    opened: list[Engine] = []
+    yield opened
+    for engine in opened:
+        engine.dispose()
+
+
+def versions(connection: Connection) -> list[str]:
+    return list(connection.scalars(text("SELECT version_num FROM alembic_version")))
+
+
+def frame(seq: int, event_id: str) -> FrameHeader:
+    return FrameHeader(
+        edge=EDGE, run=RUN, seq=seq, camera=CAMERA, frame=seq, timestamp=seq / 10, wall_time=1e9 + seq / 10,
+        scores={"red": 0.8}, events=[event_id], payload="jpeg",
+    )  # fmt: skip
+
+
+def event_start(seq: int, event_id: str) -> EventHeader:
+    info = EventInfo(id=event_id, filter="red", camera=CAMERA, start_frame=seq, start_time=seq / 10, peak_score=0.7)
+    return EventHeader(edge=EDGE, run=RUN, seq=seq, phase="start", wall_time=1e9 + seq / 10, event=info)
+
+
+def test_a_fresh_database_is_upgraded_to_exactly_the_models(db_url: str, engines: list[Engine]) -> None:
+    engine = make_engine(db_url)
+    engines.append(engine)
+
+    with engine.begin() as connection:
+        assert versions(connection) == [HEAD]
+        assert set(inspect(connection).get_table_names()) == {*Base.metadata.tables, "alembic_version"}
+        context = MigrationContext.configure(connection, opts={"compare_type": True, "compare_server_default": True})
+        assert compare_metadata(context, Base.metadata) == [], "the models changed without a revision"
+        if connection.dialect.name == "postgresql":  # autogenerate does not compare SERIAL (SQLite has no such type)
+            inspector = inspect(connection)
+            tables = Base.metadata.tables.values()
+            serial = {(t.name, c["name"]) for t in tables for c in inspector.get_columns(t.name) if c["autoincrement"]}
+            declared = [(t.name, t.autoincrement_column) for t in tables]
+            assert serial == {(name, column.name) for name, column in declared if column is not None}
+        command.downgrade(migrations.alembic_config(connection), "base")
+        assert inspect(connection).get_table_names() == ["alembic_version"]
+        assert versions(connection) == []
+
+
+def test_a_database_from_before_migrations_is_stamped_and_keeps_its_rows(
+    db_url: str, engines: list[Engine], tmp_path: Path
+) -> None:
+    # What the cloud did before migrations: create_all from the models (FIRST's schema while FIRST is head; once a
+    # revision changes the models, make this database by an upgrade to FIRST instead), rows by the storage code.
+    old = create_engine(db_url)
+    engines.append(old)
+    Base.metadata.create_all(old)
+    store = FrameStore(tmp_path / "store")
+    storage = Storage(session_factory(old), store, "http://cloud.test/")
+    storage.store_event(EDGE, event_start(1, "ev-1"), b"")
+    storage.store_frame(EDGE, frame(2, "ev-1"), b"jpeg-2")
+    storage.store_frame(EDGE, frame(3, "ev-1"), b"jpeg-3")
+    old.dispose()
+
+    engine = make_engine(db_url)
+    engines.append(engine)
+
+    with engine.connect() as connection:
+        assert versions(connection) == [HEAD]
+    sessions = session_factory(engine)
+    with sessions() as session:
+        frames = list(session.scalars(select(StoredFrame).order_by(StoredFrame.seq)))
+        assert [(f.seq, store.open_path(f.path).read_bytes()) for f in frames] == [(2, b"jpeg-2"), (3, b"jpeg-3")]
+        assert [e.uid for e in session.scalars(select(Event))] == [f"{EDGE}/{RUN}/ev-1"]
+        assert len(session.scalars(select(EventFrame)).all()) == 2
+        assert sorted(session.scalars(select(Received.seq))) == [1, 2, 3]
+    # The tables were kept, not made anew: new rows go on from the old ones (ids too).
+    Storage(sessions, store, "http://cloud.test/").store_frame(EDGE, frame(4, "ev-1"), b"jpeg-4")
+    with sessions() as session:
+        ids = list(session.scalars(select(StoredFrame.id).order_by(StoredFrame.seq)))
+        assert len(ids) == 3 and ids[2] > ids[1]
+
+
+def test_a_database_from_before_migrations_whose_tables_differ_is_refused(db_url: str, engines: list[Engine]) -> None:
+    old = create_engine(db_url)
+    engines.append(old)
+    Base.metadata.create_all(old, tables=[t for name, t in Base.metadata.tables.items() if name != "counters"])
+    with old.begin() as connection:
+        connection.execute(text("ALTER TABLE edges ADD COLUMN owner VARCHAR(64)"))
+
+    with pytest.raises(FilterForwardError) as refused:
+        make_engine(db_url)
+
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "missing table counters" in message and "edges has unexpected owner" in message
+    assert "database_url" in message
+    assert "alembic_version" not in inspect(old).get_table_names()  # nothing was changed
+
+
+def test_a_database_from_a_newer_version_is_refused(db_url: str, engines: list[Engine]) -> None:
+    engines.append(make_engine(db_url))
+    with engines[0].begin() as connection:
+        connection.execute(text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
+
+    with pytest.raises(FilterForwardError) as refused:
+        make_engine(db_url)
+
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "schema revision 9999_from_the_future" in message and "newer version" in message
+    with engines[0].connect() as connection:
+        assert versions(connection) == ["9999_from_the_future"]
+
+
+def start_up(url: str, barrier: Barrier) -> None:
+    """A cloud start-up in its own process, released together with the others."""
+    barrier.wait(timeout=60)
+    make_engine(url).dispose()
+
+
+def test_racing_start_ups_migrate_once(db_url: str, engines: list[Engine]) -> None:
+    """Processes (as in production: Alembic's `context` is one per process) starting at once on an empty database:
+    one creates the schema, the others wait for it and find it done."""
+    spawn = multiprocessing.get_context("spawn")
+    barrier = spawn.Barrier(2)
+    processes = [spawn.Process(target=start_up, args=(db_url, barrier)) for _ in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=120)
+
+    assert [process.exitcode for process in processes] == [0, 0]
+    engines.append(create_engine(db_url))
+    with engines[0].connect() as connection:
+        assert versions(connection) == [HEAD]
