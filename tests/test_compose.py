@@ -525,3 +525,11 @@ def test_the_camera_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     result = camera_serve(str(missing), "--port", "8080")
     assert result.returncode == 2
     assert result.stderr.strip() == f"filterforward camera: error: source {missing} does not exist; check the path"
+
+
+@pytest.mark.parametrize("dockerfile", sorted((REPO / "deploy").glob("Dockerfile.*")), ids=lambda p: p.name)
+def test_every_folder_a_dockerfile_copies_enters_the_build_context(dockerfile: Path) -> None:
+    """.dockerignore admits only what it names: a package left out fails the image build, not this machine."""
+    admitted = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line[:1] == "!"}
+    copied = re.findall(r"^COPY (?!--)(\S+) ", dockerfile.read_text(), flags=re.MULTILINE)
+    assert copied and not [source for source in copied if source not in admitted]
