@@ -17,6 +17,7 @@ from sqlalchemy import (
     JSON,
     BigInteger,
     Boolean,
+    ColumnElement,
     DateTime,
     Float,
     ForeignKey,
@@ -28,8 +29,12 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    func,
+    or_,
+    select,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from cloud import migrations
@@ -84,6 +89,7 @@ class Edge(Base):
     last_seen: Mapped[datetime] = mapped_column(default=utcnow)
     filters_version: Mapped[int] = mapped_column(Integer, default=0)
     stats: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="the uplink part of its last stats message")
+    base_model: Mapped[dict[str, Any] | None] = mapped_column(doc="the base DNN it runs (its last hello)")
 
 
 class Camera(Base):
@@ -93,6 +99,30 @@ class Camera(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     last_seen: Mapped[datetime] = mapped_column(default=utcnow)
     stats: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="its part of the edge's last stats message")
+
+
+class Fragment(Base):
+    """About a second of a camera's matched-frame H.264 stream (common/fragment.py), stored once per (edge, seq).
+    It decodes from the start of its GOP: the fragments of the same edge run and camera back to the last one
+    that `starts_gop`."""
+
+    __tablename__ = "fragments"
+    __table_args__ = (
+        UniqueConstraint("edge_id", "seq", name="uq_fragments_edge_seq"),
+        Index("ix_fragments_stream", "edge_id", "run", "camera", "seq"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    edge_id: Mapped[str] = mapped_column(String(64))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    run: Mapped[str] = mapped_column(String(64))
+    camera: Mapped[str] = mapped_column(String(64))
+    starts_gop: Mapped[bool] = mapped_column(Boolean)
+    first_frame: Mapped[int] = mapped_column(BigInteger)
+    last_frame: Mapped[int] = mapped_column(BigInteger)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    path: Mapped[str] = mapped_column(String(255), doc="the packed fragment, relative to the frame store root")
+    size: Mapped[int] = mapped_column(Integer)
 
 
 class StoredFrame(Base):
@@ -116,6 +146,21 @@ class StoredFrame(Base):
     scores: Mapped[dict[str, Any]]
     path: Mapped[str | None] = mapped_column(String(255), doc="payload file relative to the frame store root")
     size: Mapped[int] = mapped_column(Integer, default=0)
+    fragment_id: Mapped[int | None] = mapped_column(
+        ForeignKey("fragments.id", ondelete="SET NULL", name="fk_frames_fragment_id"),
+        index=True,
+        doc="the stream fragment holding its image",
+    )
+
+    @hybrid_property
+    def has_image(self) -> bool:
+        """Its JPEG is stored, or can be decoded from its stream fragment."""
+        return self.path is not None or self.fragment_id is not None
+
+    @has_image.inplace.expression
+    @classmethod
+    def _has_image_expression(cls) -> ColumnElement[bool]:
+        return or_(cls.path.is_not(None), cls.fragment_id.is_not(None))
 
 
 class Event(Base):
@@ -135,6 +180,7 @@ class Event(Base):
     end_frame: Mapped[int | None] = mapped_column(BigInteger)
     end_time: Mapped[float | None] = mapped_column(Float)
     peak_score: Mapped[float] = mapped_column(Float)
+    peak_frame: Mapped[int | None] = mapped_column(BigInteger, doc="the frame with the peak score: the thumbnail")
     started_at: Mapped[datetime] = mapped_column(doc="the edge's wall clock at the event start")
     ended_at: Mapped[datetime | None]
     clip_path: Mapped[str | None] = mapped_column(String(255))
@@ -150,6 +196,20 @@ class EventFrame(Base):
 
     event_uid: Mapped[str] = mapped_column(String(300), primary_key=True)
     frame_id: Mapped[int] = mapped_column(ForeignKey("frames.id", ondelete="CASCADE"), primary_key=True, index=True)
+
+
+def thumbnail_of(of: type[Event] | Event) -> ColumnElement[int]:
+    """The id of an event's thumbnail frame: its peak-score frame if that has an image, else its first with one.
+    Given the Event class it correlates with the enclosing query's events; given a row, it stands alone.
+    (Two subqueries rather than one ordered by "is the peak": SQLite cannot see the outer row in ORDER BY.)"""
+    frames = (
+        select(StoredFrame.id)
+        .join(EventFrame, EventFrame.frame_id == StoredFrame.id)
+        .where(EventFrame.event_uid == of.uid, StoredFrame.has_image)
+    )
+    peak = frames.where(StoredFrame.frame_index == of.peak_frame).order_by(StoredFrame.id).limit(1)
+    first = frames.order_by(StoredFrame.frame_index, StoredFrame.id).limit(1)
+    return func.coalesce(peak.scalar_subquery(), first.scalar_subquery())
 
 
 class Received(Base):

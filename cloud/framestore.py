@@ -17,7 +17,8 @@ from typing import Literal
 from common.files import TEMPORARY, safe_name, write_atomically
 from models.errors import FilterForwardError, is_disk_full
 
-KINDS = ("frames", "clips")
+PayloadKind = Literal["frames", "clips", "fragments"]
+KINDS: tuple[PayloadKind, ...] = ("frames", "clips", "fragments")
 
 
 class DiskFull(FilterForwardError):
@@ -34,7 +35,9 @@ class FrameStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.orphans_scanned_at = -math.inf  # time.monotonic() of the last remove_orphans (a walk of the store)
 
-    def write(self, kind: Literal["frames", "clips"], edge: str, camera: str, name: str, data: bytes) -> str:
+    def write(
+        self, kind: Literal["frames", "clips", "fragments"], edge: str, camera: str, name: str, data: bytes
+    ) -> str:
         """Store `data` (replacing a file of the same name atomically); returns its path relative to the root."""
         if kind not in KINDS:
             raise FilterForwardError(f"unknown payload kind {kind!r}: use one of {', '.join(KINDS)}")

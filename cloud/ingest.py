@@ -44,6 +44,7 @@ from common.protocol import (
     Ack,
     Error,
     EventHeader,
+    FragmentHeader,
     FrameHeader,
     Heartbeat,
     Hello,
@@ -255,7 +256,7 @@ class Ingest:
         self, identity: bytes, frame: zmq.Frame, edge: str, header: Any, payload: bytes, batch: _Pass
     ) -> None:
         match header:
-            case FrameHeader() | EventHeader():
+            case FrameHeader() | EventHeader() | FragmentHeader():
                 batch.messages.append((identity, Message(edge, header, payload)))
             case Heartbeat():
                 batch.heartbeats.append((identity, edge))

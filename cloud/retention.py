@@ -1,4 +1,5 @@
-"""Retention: delete the oldest stored payloads (frame rows with their files, event clips) by age, then by size.
+"""Retention: delete the oldest stored payloads (frame rows with their files, event clips, stream fragments) by
+age, then by size.
 
 Frames age by when the cloud received them, clips by when their event ended. Rows go first (one
 transaction per batch), then their files, so no row ever points at a file deleted before it; a file
@@ -16,7 +17,7 @@ from typing import Literal
 from sqlalchemy import ColumnElement, delete, exists, func, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from cloud.db import Event, EventFrame, Received, StoredFrame, as_utc, utcnow
+from cloud.db import Event, EventFrame, Fragment, Received, StoredFrame, as_utc, utcnow
 from cloud.framestore import FrameStore
 from cloud.storage import add_counter, transact
 
@@ -28,9 +29,10 @@ EVERY = true()  # the condition every row meets
 # few outages long at most; older keys are pruned so the table does not grow for ever.
 RECEIVED_KEEP = timedelta(days=7)
 ORPHAN_AGE = 3600.0  # seconds: a payload write takes well under one; a file still unfinished after this was cut off
-FRAMES, CLIPS, EVENTS, BYTES = (
+FRAMES, CLIPS, FRAGMENTS, EVENTS, BYTES = (
     "retention_frames_deleted",
     "retention_clips_deleted",
+    "retention_fragments_deleted",
     "retention_events_deleted",
     "retention_bytes_deleted",
 )
@@ -38,8 +40,8 @@ FRAMES, CLIPS, EVENTS, BYTES = (
 
 @dataclass(frozen=True)
 class _Payload:
-    kind: Literal["frame", "clip"]
-    id: int  # frame id, or the clip's event id
+    kind: Literal["frame", "clip", "fragment"]
+    id: int  # frame or fragment id, or the clip's event id
     path: str | None
     size: int
     at: datetime
@@ -49,12 +51,14 @@ def sweep(
     sessions: sessionmaker, store: FrameStore, max_age_days: float | None, max_bytes: int | None
 ) -> dict[str, int]:
     """One retention pass; returns (and adds to the persistent counters) what it deleted."""
-    tally = dict.fromkeys((FRAMES, CLIPS, EVENTS, BYTES), 0)
+    tally = dict.fromkeys((FRAMES, CLIPS, FRAGMENTS, EVENTS, BYTES), 0)
     if time.monotonic() - store.orphans_scanned_at >= ORPHAN_AGE:  # a walk of every file: once an hour is enough
         clean_orphans(store, ORPHAN_AGE)
     if max_age_days is not None:
         cutoff = utcnow() - timedelta(days=max_age_days)
-        while batch := _oldest(sessions, StoredFrame.received_at < cutoff, Event.ended_at < cutoff):
+        while batch := _oldest(
+            sessions, StoredFrame.received_at < cutoff, Event.ended_at < cutoff, Fragment.received_at < cutoff
+        ):
             _delete(sessions, store, batch, tally)
     if max_bytes is not None:
         while (excess := _stored_bytes(sessions) - max_bytes) > 0 and (batch := _covering(_oldest(sessions), excess)):
@@ -64,9 +68,10 @@ def sweep(
     if any(tally.values()):
         transact(sessions, lambda session: _count(session, tally))
         log.info(
-            "retention deleted %d frames, %d clips, %d events (%d bytes): limits %s days, %s bytes",
+            "retention deleted %d frames, %d clips, %d fragments, %d events (%d bytes): limits %s days, %s bytes",
             tally[FRAMES],
             tally[CLIPS],
+            tally[FRAGMENTS],
             tally[EVENTS],
             tally[BYTES],
             max_age_days,
@@ -86,8 +91,9 @@ def _oldest(
     sessions: sessionmaker,
     frames_where: ColumnElement[bool] = EVERY,
     clips_where: ColumnElement[bool] = EVERY,
+    fragments_where: ColumnElement[bool] = EVERY,
 ) -> list[_Payload]:
-    """Up to BATCH frames and BATCH clips matching the conditions, oldest first."""
+    """Up to BATCH frames, BATCH clips and BATCH fragments matching the conditions, oldest first."""
     with sessions() as session:
         frames = session.execute(
             select(StoredFrame.id, StoredFrame.path, StoredFrame.size, StoredFrame.received_at)
@@ -101,8 +107,15 @@ def _oldest(
             .order_by(Event.ended_at, Event.id)
             .limit(BATCH)
         )
+        fragments = session.execute(
+            select(Fragment.id, Fragment.path, Fragment.size, Fragment.received_at)
+            .where(fragments_where)
+            .order_by(Fragment.received_at, Fragment.id)
+            .limit(BATCH)
+        )
         payloads = [_Payload("frame", *row[:3], as_utc(row[3])) for row in frames]
         payloads += [_Payload("clip", *row[:3], as_utc(row[3])) for row in clips]
+        payloads += [_Payload("fragment", *row[:3], as_utc(row[3])) for row in fragments]
     return sorted(payloads, key=lambda payload: payload.at)
 
 
@@ -121,20 +134,24 @@ def _stored_bytes(sessions: sessionmaker) -> int:
     with sessions() as session:
         frames = session.scalar(select(func.coalesce(func.sum(StoredFrame.size), 0)))
         clips = session.scalar(select(func.coalesce(func.sum(Event.clip_size), 0)).where(Event.clip_path.is_not(None)))
-    return int(frames) + int(clips)
+        fragments = session.scalar(select(func.coalesce(func.sum(Fragment.size), 0)))
+    return int(frames) + int(clips) + int(fragments)
 
 
 def _delete(sessions: sessionmaker, store: FrameStore, payloads: list[_Payload], tally: dict[str, int]) -> None:
     frame_ids = [payload.id for payload in payloads if payload.kind == "frame"]
     clip_ids = [payload.id for payload in payloads if payload.kind == "clip"]
+    fragment_ids = [payload.id for payload in payloads if payload.kind == "fragment"]
     with sessions.begin() as session:
         touched = set(session.scalars(select(EventFrame.event_uid).where(EventFrame.frame_id.in_(frame_ids))))
         touched.update(session.scalars(select(Event.uid).where(Event.id.in_(clip_ids))))
         session.execute(delete(StoredFrame).where(StoredFrame.id.in_(frame_ids)))  # event_frames rows cascade
         session.execute(update(Event).where(Event.id.in_(clip_ids)).values(clip_path=None, clip_size=0))
+        session.execute(delete(Fragment).where(Fragment.id.in_(fragment_ids)))  # their frames' fragment_id: NULL
         tally[EVENTS] += _delete_emptied_events(session, touched)
     tally[FRAMES] += len(frame_ids)
     tally[CLIPS] += len(clip_ids)
+    tally[FRAGMENTS] += len(fragment_ids)
     tally[BYTES] += sum(store.delete(payload.path) for payload in payloads if payload.path)
 
 

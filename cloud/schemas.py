@@ -79,7 +79,7 @@ class EventOut(BaseModel):
     ended_at: UtcDatetime | None
     open: bool
     frames: int = Field(description="stored frames of this event")
-    thumbnail_url: str | None = Field(description="its first stored JPEG frame")
+    thumbnail_url: str | None = Field(description="its peak-score frame (else its first frame with an image)")
     clip_url: str
 
 

@@ -27,10 +27,23 @@ from sqlalchemy import ColumnElement, and_, exists, not_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from cloud.db import Camera, Counter, Edge, Event, EventFrame, Received, StoredFrame, as_utc, utcnow
+from cloud.db import (
+    Camera,
+    Counter,
+    Edge,
+    Event,
+    EventFrame,
+    Fragment,
+    Received,
+    StoredFrame,
+    as_utc,
+    thumbnail_of,
+    utcnow,
+)
 from cloud.framestore import DiskFull, FrameStore
 from cloud.links import clip_path, event_path, frame_path
-from common.protocol import EventHeader, FrameHeader, Hello, Stats
+from common.fragment import unpack
+from common.protocol import EventHeader, FragmentHeader, FrameHeader, Hello, Stats
 from models import errors
 
 log = logging.getLogger(__name__)
@@ -48,10 +61,10 @@ class Notification:
 
 @dataclass(frozen=True)
 class Message:
-    """A frame or event message as an edge sent it."""
+    """A frame, event or stream-fragment message as an edge sent it."""
 
     edge: str
-    header: FrameHeader | EventHeader
+    header: FrameHeader | EventHeader | FragmentHeader
     payload: bytes
 
     @property
@@ -153,6 +166,8 @@ def _get_or_add(session: Session, model: type[T], key: object, **fields: Any) ->
 def _merge_event(event: Event, header: EventHeader, clip: str | None, clip_size: int) -> None:
     """Merges a start or end message into the event row; resends may bring them in either order."""
     info, at = header.event, _wall(header.wall_time)
+    if info.peak_frame is not None and (event.peak_frame is None or info.peak_score >= event.peak_score):
+        event.peak_frame = info.peak_frame
     event.peak_score = max(event.peak_score, info.peak_score)
     if header.phase == "start":
         event.start_frame, event.start_time, event.started_at = info.start_frame, info.start_time, at
@@ -249,6 +264,8 @@ class Storage:
         """Writes the message's payload file (fsync) and returns the work that adds its rows."""
         if isinstance(message.header, FrameHeader):
             return self._frame(index, message.edge, message.header, message.payload)
+        if isinstance(message.header, FragmentHeader):
+            return self._fragment(index, message.edge, message.header, message.payload)
         return self._event(index, message.edge, message.header, message.payload)
 
     def _frame(self, index: int, edge: str, header: FrameHeader, payload: bytes) -> _Write:
@@ -276,6 +293,41 @@ class Storage:
             session.add_all(EventFrame(event_uid=uid, frame_id=frame.id) for uid in uids)
 
         return _Write(index, path, uids, work)
+
+    def _fragment(self, index: int, edge: str, header: FragmentHeader, payload: bytes) -> _Write:
+        """The fragment's file and row; the frames it holds (stored before it: the edge sends a frame's message
+        before its fragment) point at it."""
+        entries = unpack(payload).header.frames
+        path = self._store.write("fragments", edge, header.camera, f"{header.run}-{header.seq}.frag", payload)
+
+        def work(session: Session) -> None:
+            _claim(session, edge, header.seq)
+            row = Fragment(
+                edge_id=edge,
+                seq=header.seq,
+                run=header.run,
+                camera=header.camera,
+                starts_gop=entries[0].keyframe,
+                first_frame=entries[0].index,
+                last_frame=entries[-1].index,
+                path=path,
+                size=len(payload),
+            )
+            session.add(row)
+            session.flush()
+            session.execute(
+                update(StoredFrame)
+                .where(
+                    StoredFrame.edge_id == edge,
+                    StoredFrame.run == header.run,
+                    StoredFrame.camera == header.camera,
+                    StoredFrame.frame_index.in_([entry.index for entry in entries]),
+                    StoredFrame.fragment_id.is_(None),
+                )
+                .values(fragment_id=row.id)
+            )
+
+        return _Write(index, path, [], work)
 
     def _event(self, index: int, edge: str, header: EventHeader, payload: bytes) -> _Write:
         info = header.event
@@ -332,7 +384,8 @@ class Storage:
         return self._due_where(not_(Event.start_notified) | (Event.ended_at.is_not(None) & not_(Event.end_notified)))
 
     def edge_hello(self, edge: str, hello: Hello, public_key: str | None) -> list[Notification]:
-        """Records an edge's (re)start: its run, filter version, key and camera list (cameras it dropped go).
+        """Records an edge's (re)start: its run, filter version, base model, key and camera list (cameras it
+        dropped go).
         Events its earlier runs left open are closed (a killed edge never sends their ends): their end
         notifications are returned."""
 
@@ -340,6 +393,7 @@ class Storage:
             now = utcnow()
             row = _get_or_add(session, Edge, edge, id=edge)
             row.run, row.filters_version, row.last_seen = hello.run, hello.filters_version, now
+            row.base_model = hello.base_model.model_dump() if hello.base_model else None
             if public_key is not None:
                 row.public_key = public_key
             for camera in session.scalars(select(Camera).where(Camera.edge_id == edge)):
@@ -429,13 +483,7 @@ class Storage:
         return [Notification(phase, self._payload(session, event)) for phase in phases]
 
     def _payload(self, session: Session, event: Event) -> dict[str, Any]:
-        first_jpeg = session.scalar(
-            select(StoredFrame.id)
-            .join(EventFrame, EventFrame.frame_id == StoredFrame.id)
-            .where(EventFrame.event_uid == event.uid, StoredFrame.path.is_not(None))
-            .order_by(StoredFrame.frame_index, StoredFrame.id)
-            .limit(1)
-        )
+        thumbnail = session.scalar(select(thumbnail_of(event)))
         return {
             "id": event.id,
             "uid": event.uid,
@@ -450,5 +498,5 @@ class Storage:
             "started_at": as_utc(event.started_at).isoformat(),
             "ended_at": as_utc(event.ended_at).isoformat() if event.ended_at else None,
             "url": self._base_url + event_path(event.id),
-            "frame_url": self._base_url + (frame_path(first_jpeg) if first_jpeg is not None else clip_path(event.id)),
+            "frame_url": self._base_url + (frame_path(thumbnail) if thumbnail is not None else clip_path(event.id)),
         }

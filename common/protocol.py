@@ -11,8 +11,9 @@ Uplink, edge DEALER -> cloud ROUTER (the ROUTER sees an identity frame first):
   stats        periodic per-camera and uplink counters (not spooled: a lost one is replaced by the next)
   frame        a matched frame (payload: JPEG, or b"" when it went before or the filter sends clips)
   event        an event start or end (payload: the H.264 MP4 clip of a clip-policy filter at its end)
+  fragment     about a second of a camera's matched frames as H.264 (payload: a packed common.fragment)
   snapshot     "send me every current filter" (the Clone pattern's ICANHAZ)
-`frame` and `event` carry a sequence number `seq`, unique per edge for ever (it survives restarts via the
+`frame`, `event` and `fragment` carry a sequence number `seq`, unique per edge for ever (it survives restarts via the
 spool); the cloud stores them idempotently on (edge, seq) and answers `ack` listing the stored seqs.
 
 Cloud -> edge on the same ROUTER: ack, heartbeat, filter (one per current filter, snapshot reply),
@@ -30,6 +31,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from common.fragment import FragmentError, unpack
 from models.errors import validation_summary
 from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec
 
@@ -101,6 +103,7 @@ class EventInfo(_Header):
     end_frame: FrameIndex | None = None
     end_time: StreamTime | None = None
     peak_score: Score
+    peak_frame: FrameIndex | None = Field(None, description="the frame with the peak score (null: an older edge)")
 
 
 class EventHeader(_Header):
@@ -112,6 +115,18 @@ class EventHeader(_Header):
     wall_time: WallTime = Field(description="unix time at the edge when the event started or ended")
     event: EventInfo
     payload: Literal["mp4", "none"] = "none"
+
+
+class FragmentHeader(_Header):
+    """About a second of a camera's matched-frame H.264 stream; the payload is a packed common.fragment."""
+
+    type: Literal["fragment"] = "fragment"
+    edge: str = Field(pattern=ID_PATTERN)
+    run: str = Field(min_length=1, max_length=64)
+    seq: Seq
+    camera: str = Field(pattern=ID_PATTERN)
+    wall_time: WallTime = Field(description="unix time at the edge when the fragment closed")
+    payload: Literal["h264"] = "h264"
 
 
 class SnapshotRequest(_Header):
@@ -145,7 +160,17 @@ class Error(_Header):
 
 
 Header = Annotated[
-    Hello | Heartbeat | Stats | FrameHeader | EventHeader | SnapshotRequest | Ack | FilterUpdate | SnapshotEnd | Error,
+    Hello
+    | Heartbeat
+    | Stats
+    | FrameHeader
+    | EventHeader
+    | FragmentHeader
+    | SnapshotRequest
+    | Ack
+    | FilterUpdate
+    | SnapshotEnd
+    | Error,
     Field(discriminator="type"),
 ]
 _HEADER = TypeAdapter(Header)
@@ -173,4 +198,9 @@ def decode(frames: list[bytes]) -> tuple[Any, bytes]:
         raise ProtocolError(f"header is not JSON: {exc}") from None
     except ValidationError as exc:
         raise ProtocolError(f"invalid header: {validation_summary(exc, 'header')}") from None
+    if isinstance(header, FragmentHeader):
+        try:
+            unpack(payload)  # a fragment that cannot be read could never be stored: refused like a bad header
+        except FragmentError as exc:
+            raise ProtocolError(str(exc)) from None
     return header, payload

@@ -1,8 +1,9 @@
-"""The uplink: the Sink that sends matched frames and events to the cloud over the link, losing none.
+"""The uplink: the Sink that sends matched frames, events and stream fragments to the cloud over the link,
+losing none.
 
-Camera threads call frame()/event(), which only append the encoded message to the durable spool (edge.spool)
-and wake the link (edge.link). In the link's thread the uplink is a sender (the ZeroMQ guide's reliable-delivery
-pattern, with credit-based flow control): it sends spooled messages in seq order, at most `window`
+Camera threads call frame()/event()/fragment(), which only append the encoded message to the durable spool
+(edge.spool) and wake the link (edge.link). In the link's thread the uplink is a sender (the ZeroMQ guide's
+reliable-delivery pattern, with credit-based flow control): it sends spooled messages in seq order, at most `window`
 unacknowledged at a time, and forgets them when the cloud's Ack lists their seqs; it resends every
 unacknowledged one when the link resets (a reconnect, the cloud back or restarted) and any single one
 unacknowledged for 3 x heartbeat + 1 s. A message that cannot go now (no connection) just stays spooled.
@@ -19,7 +20,17 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from common.protocol import Ack, EventHeader, EventInfo, FrameHeader, ProtocolError, decode, encode
+from common.fragment import Fragment, pack
+from common.protocol import (
+    Ack,
+    EventHeader,
+    EventInfo,
+    FragmentHeader,
+    FrameHeader,
+    ProtocolError,
+    decode,
+    encode,
+)
 from edge.config import SpoolConfig
 from edge.link import Link
 from edge.sink import MatchedFrame
@@ -81,6 +92,16 @@ class Uplink:
             return encode(header, clip or b"")
 
         self._spool(build, f"event {kind} {event.id}")
+
+    def fragment(self, camera: str, fragment: Fragment) -> None:
+        def build(seq: int) -> Frames:
+            header = FragmentHeader(
+                edge=self.link.edge_id, run=self.link.run, seq=seq, camera=camera, wall_time=time.time()
+            )
+            return encode(header, pack(fragment))
+
+        first = fragment.header.frames[0].index
+        self._spool(build, f"stream fragment from frame {first} of camera {camera}")
 
     def close(self) -> None:
         """Close the spool; unacknowledged messages stay in it for next time."""

@@ -45,6 +45,7 @@ class Event:
     end_frame: int | None
     end_time: float | None
     peak_score: float
+    peak_frame: int  # the frame with the peak score so far (the event's thumbnail)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class _Frame:
 class _OpenEvent:
     start: _Frame
     last_pass: _Frame
-    peak: float
+    peak: _Frame
     held: list[int] = field(default_factory=list)
 
 
@@ -136,7 +137,8 @@ class Smoother:
             return Decision(positive=False)
         backfill, self._open.held = self._open.held, []
         self._open.last_pass = frame
-        self._open.peak = max(self._open.peak, frame.score)
+        if frame.score > self._open.peak.score:
+            self._open.peak = frame
         return Decision(positive=True, backfill=backfill)
 
     def _close(self) -> Event:
@@ -147,8 +149,8 @@ class Smoother:
         log.debug("event %s ended at frame %d", ended.id, ended.end_frame)
         return ended
 
-    def _peak_since(self, index: int) -> float:
-        return max(f.score for f in self._window if f.passed and f.index >= index)
+    def _peak_since(self, index: int) -> _Frame:
+        return max((f for f in self._window if f.passed and f.index >= index), key=lambda f: f.score)
 
     def _event(self, end: _Frame | None) -> Event:
         assert self._open is not None
@@ -161,7 +163,8 @@ class Smoother:
             start_time=start.timestamp,
             end_frame=None if end is None else end.index,
             end_time=None if end is None else end.timestamp,
-            peak_score=self._open.peak,
+            peak_score=self._open.peak.score,
+            peak_frame=self._open.peak.index,
         )
 
 

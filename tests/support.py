@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shutil
 import socket
 import threading
 import time
@@ -76,4 +77,12 @@ def clip_frames(clip: Path, first: int, count: int, size: tuple[int, int]) -> li
         assert ok, f"{clip} ended before frame {first + count}"
         out.append(cv2.resize(frame, size, interpolation=cv2.INTER_AREA))
     capture.release()
+    return out
+
+
+def with_encoding(bundle: Path, kind: str, out: Path) -> Path:
+    """A copy of a filter bundle whose spec sends its matches with another encoding (stream, jpeg, clip)."""
+    shutil.copytree(bundle, out)
+    spec = json.loads((out / "spec.json").read_text())
+    (out / "spec.json").write_text(json.dumps({**spec, "encoding": {**spec.get("encoding", {}), "kind": kind}}))
     return out

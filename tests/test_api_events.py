@@ -306,7 +306,7 @@ def test_clips(scene: Scene) -> None:
 
         none = client.get(f"/api/events/{event_id(scene, 'e5')}/clip.mp4")
         assert none.status_code == 404
-        assert "no stored clip or JPEG frames" in none.json()["detail"]
+        assert "no stored clip, stream or JPEG frames" in none.json()["detail"]
 
 
 def test_edges_and_cameras(scene: Scene) -> None:

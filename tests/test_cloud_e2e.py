@@ -8,6 +8,7 @@ cloud once (the `received` table is keyed on it), and the edge's spool is empty 
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import cv2
 import numpy as np
 import pytest
 from edge_site import CAMERA, EDGE, INPUT_SIZE, Site, assert_exactly_once, finish, make_site
-from support import BROKER, MqttSubscriber, wait_until
+from support import BROKER, MqttSubscriber, wait_until, with_encoding
 
 from models.bundle import write_bundle
 from models.datasets import open_dataset
@@ -71,6 +72,35 @@ def test_matched_frames_arrive_as_events_jpegs_and_mqtt_messages(
         check_notifications(site, subscriber.take_timed(2))
     finally:
         subscriber.close()
+        site.cloud.stop()
+
+
+def test_a_stream_filter_s_frames_arrive_in_fragments_and_decode_in_the_cloud(
+    tmp_path: Path, gate_clip: Path, red_bundle: Path, intel_car: Path
+) -> None:
+    site = make_site(tmp_path, gate_clip, "realtime")
+    site.cloud.start()
+    try:
+        site.register(with_encoding(red_bundle, "stream", tmp_path / "stream"), name="red-stream")
+        finish(site, site.start_edge())
+        assert_exactly_once(site)  # the fragments' seqs included
+        with site.cloud.client() as client:
+            (event,) = client.get("/api/events", params={"filter": "red-stream"}).json()["items"]
+            frames = client.get(f"/api/events/{event['id']}/frames").json()
+            assert len(frames) == event["frames"] > 0 and all(f["image_url"] for f in frames)
+            originals = dict(open_dataset(intel_car).frames(150, 377))
+            for frame in (frames[0], frames[len(frames) // 2], frames[-1]):  # a GOP's start, middle and end
+                image = client.get(frame["image_url"])
+                assert image.headers["content-type"] == "image/jpeg"
+                decoded = cv2.imdecode(np.frombuffer(image.content, np.uint8), cv2.IMREAD_COLOR)
+                original = cv2.resize(originals[150 + frame["frame_index"]], (768, 432))
+                assert np.abs(decoded.astype(int) - original.astype(int)).mean() < 8  # the same picture
+            peak = max(frames, key=lambda f: f["scores"]["red-stream"])
+            assert event["thumbnail_url"].endswith(f"/{peak['id']}.jpg")  # the gallery shows the peak frame
+            clip = client.get(event["clip_url"])
+            with av.open(io.BytesIO(clip.content)) as container:
+                assert sum(1 for _ in container.decode(video=0)) == len(frames)  # joined, every frame once
+    finally:
         site.cloud.stop()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
@@ -97,19 +98,32 @@ def test_a_fresh_database_is_upgraded_to_exactly_the_models(db_url: str, engines
         assert versions(connection) == []
 
 
+def made_before_migrations(url: str, engines: list[Engine]) -> Engine:
+    """A database as the cloud made it before migrations existed: FIRST's schema, no alembic_version table."""
+    old = create_engine(url)
+    engines.append(old)
+    with old.begin() as connection:
+        command.upgrade(migrations.alembic_config(connection), migrations.FIRST)
+        connection.execute(text("DROP TABLE alembic_version"))
+    return old
+
+
 def test_a_database_from_before_migrations_is_stamped_and_keeps_its_rows(
     db_url: str, engines: list[Engine], tmp_path: Path
 ) -> None:
-    # What the cloud did before migrations: create_all from the models (FIRST's schema while FIRST is head; once a
-    # revision changes the models, make this database by an upgrade to FIRST instead), rows by the storage code.
-    old = create_engine(db_url)
-    engines.append(old)
-    Base.metadata.create_all(old)
+    old = made_before_migrations(db_url, engines)
     store = FrameStore(tmp_path / "store")
-    storage = Storage(session_factory(old), store, "http://cloud.test/")
-    storage.store_event(EDGE, event_start(1, "ev-1"), b"")
-    storage.store_frame(EDGE, frame(2, "ev-1"), b"jpeg-2")
-    storage.store_frame(EDGE, frame(3, "ev-1"), b"jpeg-3")
+    path = store.write("frames", EDGE, CAMERA, "2.jpg", b"jpeg-2")
+    with old.begin() as connection:  # rows as that version's storage code wrote them, in its columns
+        connection.execute(
+            text(
+                "INSERT INTO frames (edge_id, seq, run, camera, frame_index, stream_time, captured_at, received_at,"
+                " scores, path, size) VALUES (:edge, 2, :run, :camera, 2, 0.2, :at, :at, '{}', :path, 6)"
+            ),
+            {"edge": EDGE, "run": RUN, "camera": CAMERA, "at": datetime(2026, 11, 1, tzinfo=UTC), "path": path},
+        )
+        connection.execute(text("INSERT INTO received (edge_id, seq, received_at) VALUES (:edge, 2, :at)"),
+                           {"edge": EDGE, "at": datetime(2026, 11, 1, tzinfo=UTC)})  # fmt: skip
     old.dispose()
 
     engine = make_engine(db_url)
@@ -119,23 +133,24 @@ def test_a_database_from_before_migrations_is_stamped_and_keeps_its_rows(
         assert versions(connection) == [HEAD]
     sessions = session_factory(engine)
     with sessions() as session:
-        frames = list(session.scalars(select(StoredFrame).order_by(StoredFrame.seq)))
-        assert [(f.seq, store.open_path(f.path).read_bytes()) for f in frames] == [(2, b"jpeg-2"), (3, b"jpeg-3")]
-        assert [e.uid for e in session.scalars(select(Event))] == [f"{EDGE}/{RUN}/ev-1"]
-        assert len(session.scalars(select(EventFrame)).all()) == 2
-        assert sorted(session.scalars(select(Received.seq))) == [1, 2, 3]
-    # The tables were kept, not made anew: new rows go on from the old ones (ids too).
-    Storage(sessions, store, "http://cloud.test/").store_frame(EDGE, frame(4, "ev-1"), b"jpeg-4")
+        (kept,) = session.scalars(select(StoredFrame))
+        assert (kept.seq, store.open_path(kept.path).read_bytes(), kept.fragment_id) == (2, b"jpeg-2", None)
+        assert list(session.scalars(select(Received.seq))) == [2]
+    # The tables were kept, not made anew: new rows go on from the old ones (ids too), with today's code.
+    storage = Storage(sessions, store, "http://cloud.test/")
+    storage.store_event(EDGE, event_start(3, "ev-1"), b"")
+    storage.store_frame(EDGE, frame(4, "ev-1"), b"jpeg-4")
     with sessions() as session:
         ids = list(session.scalars(select(StoredFrame.id).order_by(StoredFrame.seq)))
-        assert len(ids) == 3 and ids[2] > ids[1]
+        assert len(ids) == 2 and ids[1] > ids[0]
+        assert [e.uid for e in session.scalars(select(Event))] == [f"{EDGE}/{RUN}/ev-1"]
+        assert len(session.scalars(select(EventFrame)).all()) == 1
 
 
 def test_a_database_from_before_migrations_whose_tables_differ_is_refused(db_url: str, engines: list[Engine]) -> None:
-    old = create_engine(db_url)
-    engines.append(old)
-    Base.metadata.create_all(old, tables=[t for name, t in Base.metadata.tables.items() if name != "counters"])
+    old = made_before_migrations(db_url, engines)
     with old.begin() as connection:
+        connection.execute(text("DROP TABLE counters"))
         connection.execute(text("ALTER TABLE edges ADD COLUMN owner VARCHAR(64)"))
 
     with pytest.raises(FilterForwardError) as refused:

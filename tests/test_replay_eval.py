@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import with_encoding
 
 from edge.replay import evaluate
 from models.datasets import open_dataset
@@ -37,14 +37,6 @@ def test_red_vehicle_filter_finds_the_held_out_red_car(intel_car: Path, red_filt
     assert scores.n_events == 1 and scores.existence == 1.0  # the red car's second half was found
     assert scores.f1 >= 0.6  # measured 0.85 (README); a filter that fires on the white car drops far below
     assert report.clip_bps < report.stream_bps  # sending events beats sending everything
-
-
-def with_encoding(bundle: Path, kind: str, out: Path) -> Path:
-    """A copy of the bundle whose spec sends its matches with another encoding."""
-    shutil.copytree(bundle, out)
-    spec = json.loads((out / "spec.json").read_text())
-    (out / "spec.json").write_text(json.dumps({**spec, "encoding": {**spec.get("encoding", {}), "kind": kind}}))
-    return out
 
 
 def test_the_stream_upload_costs_a_fraction_of_the_whole_stream(

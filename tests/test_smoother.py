@@ -38,10 +38,10 @@ def test_event_starts_with_preroll_and_ends_at_last_passing_frame() -> None:
     assert [d.positive for d in decisions] == [False, False, False, False, True, False, False, False]
     start = decisions[4]
     assert start.backfill == [1, 2, 3]  # pre-roll from the first passing frame of the window
-    assert start.started == Event("cam0/cars/1", "cars", "cam0", 1, 0.1, None, None, 0.9)
+    assert start.started == Event("cam0/cars/1", "cars", "cam0", 1, 0.1, None, None, 0.9, peak_frame=1)
     # Frame 5 keeps the vote alive (1, 3, 4 in 1..5) but is held; at 6 the vote fails and 5 is dropped.
     assert decisions[5] == Decision(positive=False)
-    assert decisions[6].ended == Event("cam0/cars/1", "cars", "cam0", 1, 0.1, 4, 0.4, 0.9)
+    assert decisions[6].ended == Event("cam0/cars/1", "cars", "cam0", 1, 0.1, 4, 0.4, 0.9, peak_frame=1)
     assert smooth_scores(np.array(scores), 0.5, 3, 5).tolist() == [False, True, True, True, True, False, False, False]
 
 
@@ -74,7 +74,15 @@ def test_skipped_frame_indices_and_stream_timestamps_are_kept() -> None:
 
     assert decisions[2].backfill == [10, 13]
     assert decisions[2].started.start_time == 100.0
-    assert decisions[3].ended == Event("cam0/cars/10", "cars", "cam0", 10, 100.0, 17, 100.7, 0.9)
+    assert decisions[3].ended == Event("cam0/cars/10", "cars", "cam0", 10, 100.0, 17, 100.7, 0.9, peak_frame=10)
+
+
+def test_the_peak_frame_follows_the_highest_score() -> None:
+    smoother = Smoother("cars", "cam0", 0.5, k=2, n=3)
+    decisions = push_all(smoother, [0.6, 0.7, 0.95, 0.8, LO, LO, LO])
+    started, ended = decisions[1].started, next(d.ended for d in decisions if d.ended)
+    assert (started.peak_frame, started.peak_score) == (1, 0.7)  # the best of the pre-roll so far
+    assert (ended.peak_frame, ended.peak_score) == (2, 0.95)
 
 
 def test_frame_indices_must_increase() -> None:

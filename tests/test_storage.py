@@ -463,6 +463,7 @@ def test_retention_by_age_deletes_old_frames_clips_and_emptied_events(
     assert tally == {
         "retention_frames_deleted": 3,
         "retention_clips_deleted": 1,
+        "retention_fragments_deleted": 0,
         "retention_events_deleted": 1,
         "retention_bytes_deleted": 50,
     }
@@ -496,6 +497,7 @@ def test_retention_by_size_deletes_the_oldest_until_under_the_limit(
     assert tally == {
         "retention_frames_deleted": 6,
         "retention_clips_deleted": 1,
+        "retention_fragments_deleted": 0,
         "retention_events_deleted": 1,  # ended, and its clip was all it had
         "retention_bytes_deleted": 900,
     }
@@ -517,6 +519,7 @@ def test_retention_prunes_old_dedup_keys_and_tolerates_an_empty_store(
     assert sweep(sessions, store, max_age_days=30, max_bytes=10) == {
         "retention_frames_deleted": 0,
         "retention_clips_deleted": 0,
+        "retention_fragments_deleted": 0,
         "retention_events_deleted": 0,
         "retention_bytes_deleted": 0,
     }

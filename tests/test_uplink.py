@@ -143,7 +143,7 @@ def send_frames(uplink: Uplink, count: int, start: int = 0, events: list[str] | 
 def test_frames_and_events_arrive_once_and_are_acknowledged(cloud: Cloud, tmp_path: Path) -> None:
     link, uplink = make_uplink(cloud.link(), tmp_path)
     link.start()
-    event = Event("gate/red/0", "red", "gate", 0, 0.0, None, None, 0.9)
+    event = Event("gate/red/0", "red", "gate", 0, 0.0, None, None, 0.9, peak_frame=0)
     uplink.event("start", event)
     send_frames(uplink, 20, events=[event.id])
     uplink.event("end", replace(event, end_frame=19, end_time=1.9))

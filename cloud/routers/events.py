@@ -20,9 +20,10 @@ from pydantic import BeforeValidator
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from cloud import streams
 from cloud.auth import require
 from cloud.clips import encode_clip
-from cloud.db import Event, EventFrame, StoredFrame, as_utc
+from cloud.db import Event, EventFrame, StoredFrame, as_utc, thumbnail_of
 from cloud.framestore import FrameStore
 from cloud.links import clip_path, frame_path
 from cloud.routers import SessionDep, StoreDep, not_found
@@ -34,14 +35,7 @@ router = APIRouter(tags=["events"], dependencies=[Depends(require("read"))], res
 _frame_count = (
     select(func.count()).select_from(EventFrame).where(EventFrame.event_uid == Event.uid).correlate(Event)
 ).scalar_subquery()
-_thumbnail = (
-    select(StoredFrame.id)
-    .join(EventFrame, EventFrame.frame_id == StoredFrame.id)
-    .where(EventFrame.event_uid == Event.uid, StoredFrame.path.is_not(None))
-    .order_by(StoredFrame.frame_index, StoredFrame.id)
-    .limit(1)
-    .correlate(Event)
-).scalar_subquery()
+_thumbnail = thumbnail_of(Event)
 EVENT_ROWS = select(Event, _frame_count, _thumbnail)
 NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -107,7 +101,7 @@ def event_frames(event_id: RowId, session: SessionDep) -> list[FrameOut]:
             stream_time=frame.stream_time,
             captured_at=frame.captured_at,
             scores=frame.scores,
-            image_url=frame_path(frame.id) if frame.path else None,
+            image_url=frame_path(frame.id) if frame.path or frame.fragment_id else None,
         )
         for frame in _frames_of(session, _event(session, event_id))
     ]
@@ -116,16 +110,18 @@ def event_frames(event_id: RowId, session: SessionDep) -> list[FrameOut]:
 @router.get(
     "/frames/{frame_id}.jpg",
     response_class=Response,
-    responses={200: {"content": {"image/jpeg": {}}, "description": "the frame as sent by the edge"}},
+    responses={200: {"content": {"image/jpeg": {}}, "description": "the frame as sent, or decoded from its stream"}},
 )
 def frame_image(frame_id: RowId, session: SessionDep, store: StoreDep) -> Response:
     frame = session.get(StoredFrame, frame_id)
-    if frame is None or frame.path is None:
-        raise not_found(f"frame {frame_id} has no stored image (unknown, sent without one, or removed by retention)")
+    if frame is None:
+        raise not_found(f"frame {frame_id} is not stored (unknown, or removed by retention)")
     try:  # read at once: retention may delete the file right after
-        data = store.open_path(frame.path).read_bytes()
-    except (FilterForwardError, OSError):
+        data = streams.frame_image(session, store, frame)
+    except OSError:
         raise not_found(f"frame {frame_id}'s image has been removed (retention)") from None
+    except FilterForwardError as exc:
+        raise not_found(f"frame {frame_id} has no stored image: {exc}") from None
     return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=86400"})
 
 
@@ -141,11 +137,14 @@ def event_clip(event_id: RowId, session: SessionDep, store: StoreDep) -> Respons
             return FileResponse(store.open_path(event.clip_path), media_type="video/mp4")
         except FilterForwardError:
             pass  # removed by retention: fall back to the frames, if any are left
-    frames = [frame for frame in _frames_of(session, event) if frame.path is not None]
-    if not frames:
-        raise not_found(f"event {event_id} has no stored clip or JPEG frames to make one from")
+    frames = _frames_of(session, event)
     try:
-        return Response(encode_clip(_stored_jpegs(store, frames)), media_type="video/mp4")
+        if (video := streams.event_video(session, store, frames)) is not None:
+            return Response(video, media_type="video/mp4")
+        jpegs = [frame for frame in frames if frame.path is not None]
+        if not jpegs:
+            raise not_found(f"event {event_id} has no stored clip, stream or JPEG frames to make one from")
+        return Response(encode_clip(_stored_jpegs(store, jpegs)), media_type="video/mp4")
     except FilterForwardError as exc:
         raise not_found(f"event {event_id}: {exc}") from None
 

@@ -1,0 +1,83 @@
+"""The images of frames that travelled in a camera's H.264 stream: which stored fragments to read for one
+frame (decoded to JPEG once, then kept as the frame's file) or for an event's clip (joined, not re-encoded).
+
+A fragment decodes from the start of its GOP: the fragments of the same edge run and camera, in seq order,
+back to the last one that starts a GOP. Retention deletes the oldest fragments first, so a GOP whose start is
+gone cannot be decoded any more; that is reported as the image having been removed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from cloud.db import Fragment, StoredFrame
+from cloud.fragments import frame_jpeg, join_mp4
+from cloud.framestore import FrameStore
+from common import fragment as wire
+from models.errors import FilterForwardError
+
+
+def frame_image(session: Session, store: FrameStore, frame: StoredFrame) -> bytes:
+    """The frame's JPEG: its file, or decoded from its fragment and kept as its file for the next request."""
+    if frame.path is not None:
+        return store.open_path(frame.path).read_bytes()
+    if frame.fragment_id is None:
+        raise FilterForwardError("it was sent without an image")
+    holding = session.get(Fragment, frame.fragment_id)
+    jpeg = frame_jpeg(_read(store, _gop_until(session, holding)), frame.frame_index)
+    frame.path = store.write("frames", frame.edge_id, frame.camera, f"{frame.run}-{frame.seq}.jpg", jpeg)
+    frame.size = len(jpeg)
+    session.commit()
+    return jpeg
+
+
+def event_video(session: Session, store: FrameStore, frames: Sequence[StoredFrame]) -> bytes | None:
+    """One MP4 of the stream from the GOP holding the event's first streamed frame through its last one (frames
+    other filters matched in between included); None if none of its frames travelled in the stream."""
+    ids = {frame.fragment_id for frame in frames if frame.fragment_id is not None}
+    if not ids:
+        return None
+    rows = session.scalars(select(Fragment).where(Fragment.id.in_(ids)).order_by(Fragment.seq)).all()
+    first, last = rows[0], rows[-1]
+    if any((row.edge_id, row.run, row.camera) != (first.edge_id, first.run, first.camera) for row in rows):
+        raise FilterForwardError("its frames lie in more than one stream")
+    start = _gop_until(session, first)[0]
+    fragments = session.scalars(
+        select(Fragment)
+        .where(*_same_stream(first), Fragment.seq >= start.seq, Fragment.seq <= last.seq)
+        .order_by(Fragment.seq)
+    ).all()
+    return join_mp4(_read(store, fragments))
+
+
+def _same_stream(row: Fragment) -> tuple:
+    return Fragment.edge_id == row.edge_id, Fragment.run == row.run, Fragment.camera == row.camera
+
+
+def _gop_until(session: Session, row: Fragment) -> list[Fragment]:
+    """The fragments of `row`'s GOP up to and including it, in seq order."""
+    start_seq = session.scalar(
+        select(Fragment.seq)
+        .where(*_same_stream(row), Fragment.seq <= row.seq, Fragment.starts_gop)
+        .order_by(Fragment.seq.desc())
+        .limit(1)
+    )
+    if start_seq is None:
+        raise FilterForwardError("the start of its stream segment has been removed (retention)")
+    return list(
+        session.scalars(
+            select(Fragment)
+            .where(*_same_stream(row), Fragment.seq >= start_seq, Fragment.seq <= row.seq)
+            .order_by(Fragment.seq)
+        )
+    )
+
+
+def _read(store: FrameStore, rows: Sequence[Fragment]) -> list[wire.Fragment]:
+    try:
+        return [wire.unpack(store.open_path(row.path).read_bytes()) for row in rows]
+    except OSError:
+        raise FilterForwardError("a fragment of its stream segment has been removed (retention)") from None
