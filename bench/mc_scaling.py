@@ -158,6 +158,7 @@ class Settings:
     threads: int | None
     seed: int
     out: Path
+    base_model: Path | None = None  # default: the fp32 EfficientNet-Lite0 export
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -557,6 +558,7 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
     parser.add_argument("--warmup", type=int, default=None, help="untimed frames per configuration first (default 3)")
     parser.add_argument("--threads", type=positive, default=None, help="base-DNN threads (default: ONNX Runtime's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random MC weights")
+    parser.add_argument("--base-model", type=Path, help="ONNX base model, e.g. an int8 or bf16 export (default fp32)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out", help="folder for results.json and the plot")
     parser.add_argument("--quick", action="store_true", help="smoke run: few frames, small input, counts 1,3")
     args = parser.parse_args(argv)
@@ -571,6 +573,7 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         threads=args.threads,
         seed=args.seed,
         out=args.out,
+        base_model=args.base_model,
     )
 
 
@@ -584,7 +587,7 @@ def run(settings: Settings) -> tuple[list[dict], dict, float]:
         raise FilterForwardError("matplotlib is missing: pip install -e '.[dev]' to draw the plot") from None
     settings.out.mkdir(parents=True, exist_ok=True)
     frames, decode_ms, fps = decode_frames(settings.video, settings.frames)
-    base = BaseDNN(settings.input_size, threads=settings.threads)
+    base = BaseDNN(settings.input_size, settings.base_model, settings.threads)
     configs = build_configs(settings, base, frames, fps)
     run_all(configs, frames, fps, settings)
     rows = [row_of(config) for config in configs]

@@ -127,10 +127,12 @@ class EdgeConfig(BaseModel):
 
     edge_id: str = Field("edge-1", pattern=NAME_PATTERN)
     base_model: ConfigPath | None = Field(
-        None, description="ONNX base model with named taps (default EfficientNet-Lite0)"
+        None,
+        description="ONNX base model with named taps (default EfficientNet-Lite0 fp32); `filterforward models export "
+        "--precision int8|bf16` writes faster ones, and filters must be trained on the same file",
     )
     input_size: tuple[int, int] = Field((768, 448), description="base-DNN input (width, height), multiples of 32")
-    threads: int | None = Field(None, ge=1, description="ONNX Runtime threads for the base DNN")
+    threads: int | None = Field(None, ge=1, description="threads for the base DNN (ONNX Runtime or OpenVINO)")
     defaults: CameraDefaults = Field(
         default_factory=CameraDefaults, description="camera settings every camera inherits unless it sets its own"
     )

@@ -24,7 +24,8 @@ import numpy as np
 import onnxruntime as ort
 
 from edge.mcfusion import FusedGraph, default_opset, fuse, push_history, window_history
-from models.basednn import pixels, session_options
+from models.base_runtime import session_options
+from models.basednn import pixels
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError
 from models.filterspec import BaseModelId, FilterSpec

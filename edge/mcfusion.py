@@ -21,7 +21,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, compose, helper, numpy_helper
 
-from models.basednn import session_options
+from models.base_runtime import session_options
 from models.bundle import FEATURES_INPUT, HISTORY_INPUT, REDUCED_OUTPUT, SCORE_OUTPUT
 
 log = logging.getLogger(__name__)

@@ -5,24 +5,50 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+# Listed here rather than imported: models.base_precision loads onnx, which would slow every command's start.
+# tests/test_base_precision.py checks that they match.
+PRECISIONS_HELP = "fp32 (default), int8 or bf16"
+RUNTIMES = ("auto", "onnxruntime", "openvino")
+DEFAULT_FRAMES_HELP = "default 64"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="export or inspect the base DNN (ONNX with named taps)")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    export = actions.add_parser("export", help="export EfficientNet-Lite0 with its taps to ONNX (needs torch)")
+    export = actions.add_parser(
+        "export",
+        help="export EfficientNet-Lite0 with its taps to ONNX (needs torch), at fp32 or a reduced precision",
+        description="int8 is calibrated on real frames of your cameras (--calibration) and runs anywhere (faster "
+        "still with the [openvino] extra); bf16 needs the [openvino] extra and a CPU with bf16 (AVX512-BF16 or AMX), "
+        "else it runs in fp32. Point the edge's `base_model:` and training's --base-model at the file printed.",
+    )
     export.add_argument("--out", type=Path, help="where to write it (default: the cache used by the edge)")
+    export.add_argument("--precision", default="fp32", help=f"numeric precision: {PRECISIONS_HELP}")
+    export.add_argument(
+        "--calibration", type=Path, nargs="+", default=[], metavar="SOURCE",
+        help="int8: dataset folders, videos or image folders of the cameras the edge will watch",
+    )  # fmt: skip
+    export.add_argument(
+        "--calibration-frames", type=int, default=None,
+        help=f"int8: frames spread evenly over the sources ({DEFAULT_FRAMES_HELP})",
+    )  # fmt: skip
+    export.add_argument("--input-size", default="768x448", help="int8: the edge's input size, WxH (default 768x448)")
     export.set_defaults(func=_export)
     info = actions.add_parser("info", help="list the taps of a base model and their shapes at an input size")
     info.add_argument("--model", type=Path, help="an ONNX base model (default: the exported EfficientNet-Lite0)")
     info.add_argument("--input-size", default="768x448", help="WxH, multiples of 32 (default 768x448)")
+    info.add_argument("--runtime", default="auto", choices=RUNTIMES, help="what runs it (default: by its precision)")
     info.set_defaults(func=_info)
 
 
 def _export(args: argparse.Namespace) -> int:
-    from models.base_export import default_base_model_path, export_base_model
+    from filterforward.commands.options import parse_size
+    from models.base_precision import DEFAULT_CALIBRATION_FRAMES, check_precision, export_precision
 
-    path = export_base_model(args.out or default_base_model_path())
-    print(path)
+    precision = check_precision(args.precision)
+    size = parse_size(args.input_size)
+    frames = DEFAULT_CALIBRATION_FRAMES if args.calibration_frames is None else args.calibration_frames
+    print(export_precision(precision, args.out, args.calibration, frames, size))
     return 0
 
 
@@ -30,8 +56,10 @@ def _info(args: argparse.Namespace) -> int:
     from filterforward.commands.options import parse_size
     from models.basednn import BaseDNN
 
-    base = BaseDNN(parse_size(args.input_size), args.model)
+    base = BaseDNN(parse_size(args.input_size), args.model, runtime=args.runtime)
     print(f"model: {base.model_path}")
+    print(f"identity: {base.identity}")
+    print(f"runtime: {base.runner.description}")
     for tap in base.taps.values():
         channels, height, width = tap.shape(base.input_size)
         print(f"  {tap.name:<8} stride {tap.stride:>2}  {channels} x {height} x {width}")
