@@ -13,6 +13,7 @@ import json
 import struct
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -65,10 +66,15 @@ class Fragment:
     def starts_gop(self) -> bool:
         return self.header.frames[0].keyframe
 
+    @cached_property
+    def packed(self) -> bytes:
+        """Its wire bytes, made once: the pipeline counts them and the uplink sends them."""
+        header = self.header.model_dump_json().encode()
+        return LENGTH.pack(len(header)) + header + b"".join(self.units)
+
 
 def pack(fragment: Fragment) -> bytes:
-    header = fragment.header.model_dump_json().encode()
-    return LENGTH.pack(len(header)) + header + b"".join(fragment.units)
+    return fragment.packed
 
 
 def unpack(data: bytes) -> Fragment:
