@@ -4,7 +4,6 @@ schema): a fresh database, one made before migrations existed, one from a newer 
 from __future__ import annotations
 
 import multiprocessing
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from multiprocessing.synchronize import Barrier
@@ -15,9 +14,9 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from cloud_server import postgres_schema
 from sqlalchemy import create_engine, inspect, select, text
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import OperationalError
 
 from cloud import migrations
 from cloud.db import Base, Event, EventFrame, Received, StoredFrame, make_engine, session_factory
@@ -37,20 +36,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'cloud.db'}"
         return
-    schema = f"ff_migrations_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(PG_URL)
-    try:
-        with admin.begin() as connection:
-            connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        pytest.skip(f"PostgreSQL at {PG_URL} is not reachable: {str(exc).splitlines()[0]}")
-    try:
-        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema() as url:
+        yield url
 
 
 @pytest.fixture
