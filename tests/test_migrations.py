@@ -25,7 +25,6 @@ from cloud.storage import Storage
 from common.protocol import EventHeader, EventInfo, FrameHeader
 from models.errors import FilterForwardError
 
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 EDGE, RUN, CAMERA = "edge-1", "run-1", "cam-1"
 HEAD = ScriptDirectory(str(Path(migrations.__file__).parent)).get_current_head()
 
