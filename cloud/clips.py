@@ -13,6 +13,7 @@ from fractions import Fraction
 
 import av
 
+from common.video import even
 from models.errors import FilterForwardError
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ def encode_clip(frames: Iterable[tuple[float, bytes]]) -> bytes:
         for time, frame in _decoded(frames):
             if stream is None:
                 stream = container.add_stream("libx264", rate=30, options={"preset": "veryfast"})
-                stream.width, stream.height = _even(frame.width), _even(frame.height)
+                # the edge's size rule; reformat below stretches an odd side by its one pixel
+                stream.width, stream.height = even(frame.width), even(frame.height)
                 stream.pix_fmt = "yuv420p"
                 stream.codec_context.time_base = TIME_BASE
                 start = time
@@ -57,7 +59,3 @@ def _decoded(frames: Iterable[tuple[float, bytes]]) -> Iterator[tuple[float, av.
             continue
         for picture in pictures:
             yield time, picture
-
-
-def _even(size: int) -> int:
-    return max(2, size - size % 2)

@@ -17,6 +17,7 @@ import cv2
 import numpy as np
 from av.video.codeccontext import VideoCodecContext
 
+from common.video import even
 from models.errors import FilterForwardError
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def _configure(
     bitrate: int | None,
     preset: str,
 ) -> None:
-    context.width, context.height = _even(width), _even(height)
+    context.width, context.height = even(width), even(height)
     context.pix_fmt = PIXEL_FORMAT
     context.framerate = rate(fps)
     context.time_base = 1 / context.framerate
@@ -141,14 +142,11 @@ def rate(fps: float) -> Fraction:
     return Fraction(fps).limit_denominator(1001)
 
 
-def _even(size: int) -> int:
-    return size + size % 2
-
-
 def video_frame(image_bgr: np.ndarray, pts: int) -> av.VideoFrame:
     height, width = image_bgr.shape[:2]
-    if width % 2 or height % 2:
-        image_bgr = cv2.copyMakeBorder(image_bgr, 0, height % 2, 0, width % 2, cv2.BORDER_REPLICATE)
+    pad_bottom, pad_right = even(height) - height, even(width) - width  # to the encoder's size
+    if pad_bottom or pad_right:  # the last row or column repeated
+        image_bgr = cv2.copyMakeBorder(image_bgr, 0, pad_bottom, 0, pad_right, cv2.BORDER_REPLICATE)
     frame = av.VideoFrame.from_ndarray(image_bgr, format="bgr24")
     frame.pts = pts
     return frame

@@ -17,6 +17,7 @@ import numpy as np
 from av.video.codeccontext import VideoCodecContext
 
 from common.fragment import Fragment, FragmentHeader, FrameEntry
+from common.video import even
 from edge.encoder import CODEC, DEFAULT_PRESET, PIXEL_FORMAT, check_settings, rate, video_frame
 from models.errors import FilterForwardError
 
@@ -111,7 +112,7 @@ class StreamEncoder:
             return self._context
         crf, preset, bitrate_cap = self._settings
         context = av.CodecContext.create(CODEC, "w")
-        context.width, context.height = width + width % 2, height + height % 2
+        context.width, context.height = even(width), even(height)
         context.pix_fmt = PIXEL_FORMAT
         context.framerate = self.fps
         context.time_base = 1 / Fraction(self.fps)

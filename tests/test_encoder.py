@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from support import clip_frames
 
+from cloud.clips import encode_clip as cloud_clip
+from common.video import even
 from edge.encoder import ClipEncoder, encode_jpeg, encode_stream_h264
 from models.errors import FilterForwardError
 
@@ -89,6 +91,23 @@ def test_odd_sized_frames_are_padded_to_even(frames: list[np.ndarray]) -> None:
     assert len(decoded) == 4
     assert decoded[0].shape == (108, 192, 3)
     assert mean_abs_error(decoded[0][:107, :191], odd[0]) < 6
+
+
+@pytest.mark.parametrize(("size", "expected"), [(1, 2), (2, 2), (107, 108), (1080, 1080), (1921, 1922)])
+def test_even_rounds_an_odd_side_up(size: int, expected: int) -> None:
+    assert even(size) == expected
+
+
+def test_even_refuses_an_empty_side() -> None:
+    with pytest.raises(ValueError, match="at least 1 pixel, got 0"):
+        even(0)
+
+
+def test_the_edge_and_the_cloud_give_odd_frames_the_same_even_size(frames: list[np.ndarray]) -> None:
+    odd = [frame[:107, :191] for frame in frames[:3]]
+    edge, _ = decode_mp4(encode_clip(odd))
+    cloud, _ = decode_mp4(cloud_clip((index / FPS, encode_jpeg(frame, 90)) for index, frame in enumerate(odd)))
+    assert edge[0].shape == cloud[0].shape == (even(107), even(191), 3) == (108, 192, 3)
 
 
 def test_clip_bad_use(frames: list[np.ndarray]) -> None:
