@@ -141,6 +141,33 @@ def _in_use(session: Session, path: str) -> bool:
     )
 
 
+def _share_image(session: Session, frame: StoredFrame) -> None:
+    """A camera frame's image goes up once however many filters match it (edge/pipeline.py); a later match
+    comes as its own row without one. Such a row takes the image an earlier row of the same frame holds (its
+    fragment, else its JPEG file: size 0, the bytes count once); a row with a JPEG gives it to the rows of its
+    frame stored before it without one (a full disk refused the JPEG first). Rows waiting for their fragment
+    get it when the fragment is stored."""
+    same = (
+        StoredFrame.edge_id == frame.edge_id,
+        StoredFrame.run == frame.run,
+        StoredFrame.camera == frame.camera,
+        StoredFrame.frame_index == frame.frame_index,
+        StoredFrame.id != frame.id,
+    )
+    if frame.path is not None:
+        session.execute(update(StoredFrame).where(*same, not_(StoredFrame.has_image)).values(path=frame.path))
+        return
+    holder = session.execute(
+        select(StoredFrame.fragment_id, StoredFrame.path)
+        .where(*same, StoredFrame.has_image)
+        .order_by(StoredFrame.fragment_id.is_(None), StoredFrame.id)
+        .limit(1)
+    ).first()
+    if holder is not None:
+        frame.fragment_id = holder.fragment_id
+        frame.path = None if holder.fragment_id is not None else holder.path
+
+
 def _repeat_of(first: Outcome) -> Outcome:
     """The outcome of a message repeated within a batch: its first copy's failure, else a duplicate of it."""
     return first if isinstance(first, Exception) else "duplicate"
@@ -290,6 +317,7 @@ class Storage:
             )
             session.add(frame)
             session.flush()
+            _share_image(session, frame)
             session.add_all(EventFrame(event_uid=uid, frame_id=frame.id) for uid in uids)
 
         return _Write(index, path, uids, work)

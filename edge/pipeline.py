@@ -1,8 +1,11 @@
 """The edge data path for one camera: frame -> base DNN taps -> MC bank -> smoothers -> encoder -> sink.
 
-Matched frames leave per their filters' encoding: in the camera's H.264 stream (one StreamEncoder per camera,
-a keyframe at every stream filter's event start, fragments as they close), as a JPEG each, or in a clip per
-event. A frame several filters match is sent once per encoding.
+Matched frames leave per their filters' encoding: in the camera's H.264 stream (the default; one StreamEncoder
+per camera, a keyframe at every stream filter's event start, fragments as they close), as a JPEG each, or in a
+clip per event. A frame's image leaves once however many filters match it: in the stream if a stream filter
+matches it first (or together with a JPEG filter), else as a JPEG; a later match of the same frame (another
+filter's back-dated start) travels as metadata only, and the cloud points it at the image it already has.
+Event clips are the exception: each holds its event's frames.
 """
 
 from __future__ import annotations
@@ -62,11 +65,16 @@ class _Recent:
     frame: Frame
     scores: dict[str, float]
     sent_quality: int = 0  # JPEG quality already sent for this frame (0: none)
+    streamed: bool = False  # it went in the camera's stream
+
+    @property
+    def sent(self) -> bool:
+        return self.streamed or self.sent_quality > 0
 
     def jpeg_to_send(self, quality: int) -> bytes:
-        """The frame as JPEG, or b"" when it already went out at this quality or better: a later match
-        of the same frame (another filter's back-dated start) travels as metadata only."""
-        if quality <= self.sent_quality:
+        """The frame as JPEG, or b"" when its image already went out (in the stream, or as a JPEG at this
+        quality or better): a later match of the same frame travels as metadata only."""
+        if self.streamed or quality <= self.sent_quality:
             return b""
         self.sent_quality = quality
         return encode_jpeg(self.frame.image, quality)
@@ -148,22 +156,23 @@ class CameraPipeline:
             return  # older than the pre-roll buffer
         frame = recent.frame
         matched = {name: recent.scores[name] for name in names}
-        jpeg_filters = [n for n in matched if self._tracks[n].spec.encoding.kind == "jpeg"]
+        kinds = {self._tracks[n].spec.encoding.kind for n in matched}
         for name in matched:
             track = self._tracks[name]
             if track.spec.encoding.kind == "clip":
                 track.clip = track.clip or ClipEncoder(frame.image.shape[1], frame.image.shape[0], self.fps)
                 track.clip.add(frame.image)
         events = sorted({t.event_id for n in matched if (t := self._tracks[n]).event_id is not None})
-        jpeg = b""
-        if jpeg_filters:
-            quality = max(self._tracks[n].spec.encoding.jpeg_quality for n in jpeg_filters)
-            jpeg = recent.jpeg_to_send(quality)
+        # Frames go in the stream once and in order. One already sent travels as metadata only; one a stream
+        # filter's back-dated start reaches behind the stream's last frame cannot go in it, so goes as a JPEG.
+        stream = "stream" in kinds and not recent.sent and frame.index > self._streamed
+        recent.streamed |= stream
+        encodings = [] if stream else [e for n in matched if (e := self._tracks[n].spec.encoding).kind != "clip"]
+        jpeg = recent.jpeg_to_send(max(e.jpeg_quality for e in encodings)) if encodings else b""
         self.stats.matched += 1
         self.stats.bytes_out += len(jpeg)
         self.sink.frame(MatchedFrame(self.camera, frame.index, frame.timestamp, matched, events, jpeg))
-        if any(self._tracks[n].spec.encoding.kind == "stream" for n in matched) and frame.index > self._streamed:
-            # A back-dated start's frames older than the stream's last frame travel as metadata only.
+        if stream:  # after the frame's message: the cloud links the frames a fragment holds when it arrives
             self._streamed = frame.index
             self._emit(self._stream_encoder().add(self._upload_image(frame), frame.index, frame.timestamp))
 

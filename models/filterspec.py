@@ -34,13 +34,14 @@ class Smoothing(BaseModel):
 
 
 class Encoding(BaseModel):
-    """How matched frames leave the edge: in the camera's H.264 stream of matched frames (fragments of about a
-    second, settings per camera), one JPEG per frame, or an H.264 clip per event (sent when it ends)."""
+    """How matched frames leave the edge: by default in the camera's H.264 stream of matched frames (fragments of
+    about a second, settings per camera: the fewest bits), or one JPEG per frame, or an H.264 clip per event (sent
+    when it ends)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["stream", "jpeg", "clip"] = "jpeg"
-    jpeg_quality: int = Field(80, ge=10, le=100)
+    kind: Literal["stream", "jpeg", "clip"] = "stream"
+    jpeg_quality: int = Field(80, ge=10, le=100, description="for kind jpeg")
 
 
 class Validation(BaseModel):

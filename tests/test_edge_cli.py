@@ -49,7 +49,10 @@ def test_edge_run_writes_matched_frames_and_events(config: Path) -> None:
     records = [json.loads(line) for line in (config.parent / "out" / "events.jsonl").read_text().splitlines()]
     assert sum(r["type"] == "frame" for r in records) == 40
     assert [r["type"] for r in records if r["type"].startswith("event")] == ["event_start", "event_end"]
-    assert len(list((config.parent / "out" / "frames" / "gate").glob("*.jpg"))) == 40
+    fragments = [r for r in records if r["type"] == "fragment"]  # the default encoding: the camera's stream
+    assert [i for r in fragments for i in r["frames"]] == list(range(40))
+    assert all((config.parent / "out" / r["file"]).stat().st_size > 0 for r in fragments)
+    assert not (config.parent / "out" / "frames" / "gate").exists()  # no JPEGs
     assert "camera gate:" in result.stderr and "fps" in result.stderr  # the periodic stats line
 
 

@@ -19,6 +19,8 @@ from models.basednn import BaseDNN
 from models.filterspec import Encoding
 
 SIZE = (384, 224)
+JPEG = Encoding(kind="jpeg")
+EAGER, PATIENT = {"k": 1, "n": 1}, {"k": 3, "n": 5}  # PATIENT's event starts at frame 2, back-dated to 0
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ def run_clip(
 
 def test_always_firing_filter_sends_every_frame_as_one_event(short_clip, base, make_filter, tmp_path) -> None:
     bank = MCBank(base.taps, SIZE)
-    bank.put(*make_filter("full_frame", "late", SIZE, name="always", bias=10.0))
+    bank.put(*make_filter("full_frame", "late", SIZE, name="always", bias=10.0, encoding=JPEG))
     pipeline, records = run_clip(short_clip, base, bank, tmp_path)
     frames = [r for r in records if r["type"] == "frame"]
     assert sorted(r["index"] for r in frames) == list(range(40))  # the pre-roll frames are sent too
@@ -86,11 +88,12 @@ def decode_stream(out: Path, records: list[dict]) -> list[np.ndarray]:
     return [picture.to_ndarray(format="bgr24") for picture in pictures]
 
 
-def test_stream_policy_sends_each_matched_frame_once_in_fragments(short_clip, base, make_filter, tmp_path) -> None:
+def test_stream_is_the_default_and_sends_each_matched_frame_once_in_fragments(
+    short_clip, base, make_filter, tmp_path
+) -> None:
     bank = MCBank(base.taps, SIZE)
-    stream = Encoding(kind="stream")
-    bank.put(*make_filter("full_frame", "late", SIZE, name="streamer", bias=10.0, encoding=stream))
-    bank.put(*make_filter("full_frame", "mid", SIZE, name="streamer-too", bias=10.0, encoding=stream))
+    bank.put(*make_filter("full_frame", "late", SIZE, name="streamer", bias=10.0))
+    bank.put(*make_filter("full_frame", "mid", SIZE, name="streamer-too", bias=10.0))
     pipeline, records = run_clip(short_clip, base, bank, tmp_path)
     fragments = [r for r in records if r["type"] == "fragment"]
     sent = [index for r in fragments for index in r["frames"]]
@@ -134,8 +137,8 @@ def test_a_frame_goes_out_as_jpeg_once_when_a_second_filter_backfills_it(
     short_clip, base, make_filter, tmp_path
 ) -> None:
     bank = MCBank(base.taps, SIZE)
-    bank.put(*make_filter("full_frame", "late", SIZE, name="eager", bias=10.0, smoothing={"k": 1, "n": 1}))
-    bank.put(*make_filter("full_frame", "late", SIZE, name="patient", bias=10.0, smoothing={"k": 3, "n": 5}))
+    bank.put(*make_filter("full_frame", "late", SIZE, name="eager", bias=10.0, smoothing=EAGER, encoding=JPEG))
+    bank.put(*make_filter("full_frame", "late", SIZE, name="patient", bias=10.0, smoothing=PATIENT, encoding=JPEG))
     pipeline, records = run_clip(short_clip, base, bank, tmp_path)
     first_two = [r for r in records if r["type"] == "frame" and r["index"] in (0, 1)]
     # Frames 0 and 1 go out for "eager" at once, then again for "patient" when its event starts at frame 2
@@ -149,3 +152,33 @@ def test_a_frame_goes_out_as_jpeg_once_when_a_second_filter_backfills_it(
     assert first_two[0]["file"] == first_two[2]["file"] and first_two[2]["file"] is not None
     on_disk = sum(path.stat().st_size for path in (tmp_path / "frames").rglob("*.jpg"))
     assert pipeline.stats.bytes_out == on_disk  # each of the 40 frames' JPEG was sent exactly once
+
+
+@pytest.mark.parametrize("eager", ["stream", "jpeg"])
+def test_a_frame_two_encodings_match_goes_out_once(eager, short_clip, base, make_filter, tmp_path) -> None:
+    """A stream filter and a JPEG filter on every frame: each frame's image leaves once. The first match
+    decides how (the stream wins a tie); the other filter's match of frames 0-1 (its back-dated start) is
+    metadata only."""
+    patient = {"stream": "jpeg", "jpeg": "stream"}[eager]
+    bank = MCBank(base.taps, SIZE)
+    bank.put(
+        *make_filter("full_frame", "late", SIZE, name="eager", bias=10.0, smoothing=EAGER, encoding={"kind": eager})
+    )
+    bank.put(
+        *make_filter(
+            "full_frame", "mid", SIZE, name="patient", bias=10.0, smoothing=PATIENT, encoding={"kind": patient}
+        )
+    )
+    pipeline, records = run_clip(short_clip, base, bank, tmp_path)
+    streamed = [index for r in records if r["type"] == "fragment" for index in r["frames"]]
+    jpegs = sorted(int(path.stem) for path in (tmp_path / "frames").rglob("*.jpg"))
+    if eager == "stream":
+        assert streamed == list(range(40)) and jpegs == []
+    else:  # frames 0-1 went as JPEGs before the stream filter's event started
+        assert jpegs == [0, 1] and streamed == list(range(2, 40))
+    frames = [r for r in records if r["type"] == "frame"]
+    assert len(frames) == 42  # frames 0-1 once per filter, then one message for both filters' matches
+    assert len(decode_stream(tmp_path, records)) == len(streamed)
+    units = sum((tmp_path / r["file"]).stat().st_size for r in records if r["type"] == "fragment")
+    on_disk = sum(path.stat().st_size for path in (tmp_path / "frames").rglob("*.jpg"))
+    assert units + on_disk < pipeline.stats.bytes_out < units + on_disk + 2000 * (len(streamed) // 10 + 2)

@@ -544,3 +544,20 @@ def test_a_restarted_edge_closes_the_events_its_killed_run_left_open(storage: St
     assert phases(late_end) == []  # its end went out already
     [cut] = rows(sessions, Event, Event.uid.endswith("/cut-off"))
     assert (cut.end_frame, cut.end_time) == (30, 3.0)  # the real end replaces the guess
+
+
+def test_a_frame_matched_again_shares_the_image_sent_once(
+    storage: Storage, sessions: sessionmaker, store: FrameStore
+) -> None:
+    """The edge sends a frame's image once (edge/pipeline.py): a later match of the same frame comes without
+    one, and its row points at the image already stored, whichever of the two is stored first."""
+    storage.store_frame(EDGE, frame(1, index=7), b"jpeg-7")  # one filter's match, with the JPEG
+    storage.store_frame(EDGE, frame(2, index=7, payload="none"), b"")  # another filter's back-dated match
+    storage.store_frame(EDGE, frame(4, index=8, payload="none"), b"")  # stored first: seq 3 was refused ...
+    storage.store_frame(EDGE, frame(3, index=8), b"jpeg-8")  # ... for a full disk, and sent again
+    storage.store_frame(EDGE, frame(5, index=9, payload="none"), b"")  # an image that never came (a clip filter)
+    by_seq = {f.seq: f for f in rows(sessions, StoredFrame)}
+    assert by_seq[2].path == by_seq[1].path and (by_seq[1].size, by_seq[2].size) == (6, 0)
+    assert by_seq[4].path == by_seq[3].path and store.open_path(by_seq[4].path).read_bytes() == b"jpeg-8"
+    assert by_seq[5].path is None and by_seq[5].fragment_id is None
+    assert files(store) == [f"frames/{EDGE}/{CAMERA}/{RUN}-1.jpg", f"frames/{EDGE}/{CAMERA}/{RUN}-3.jpg"]

@@ -113,7 +113,7 @@ def test_token_and_filter_registration(
     expect(row.locator('[data-field="cameras"]')).to_have_text("cam-1, cam-2")
     expect(row.locator('[data-field="threshold"]')).to_have_text("0.5 · 3/5")
     expect(row.locator('[data-field="validation"]')).to_have_text("—")  # registered without an estimate
-    expect(row.locator('[data-field="encoding"]')).to_have_text("JPEG q80")
+    expect(row.locator('[data-field="encoding"]')).to_have_text("H.264 stream")  # the default
     expect(row.locator('[data-field="version"]')).to_have_text("1")
     expect(page.get_by_test_id("filter-form-message")).to_contain_text("Registered red-car")
     stored = api(cloud, "GET", "/api/filters/red-car").json()
@@ -168,7 +168,7 @@ def test_live_stats_and_events_without_reload(page: Page, cloud: CloudConfig) ->
     expect(page.get_by_test_id("events-status")).to_contain_text("No events yet")
     page.evaluate("window.__sameDocument = true")  # gone if the page reloads
 
-    storage = Storage(session_factory(make_engine(cloud.db_url)), FrameStore(cloud.data_dir / "frames"), cloud.base_url)
+    storage = Storage(session_factory(make_engine(cloud.db_url)), FrameStore(cloud.data_dir / "frames"))
     storage.edge_hello("edge-1", Hello(edge="edge-1", run="run-1", cameras=["cam-1"]), None)
     camera_stats = {"fps": 12.5, "base_ms": 40.25, "mc_ms": 0.75, "frames": 250, "matched": 9, "bytes_out": 20480}
     uplink = {"connected": True, "spool_messages": 3, "spool_bytes": 4096, "spool_dropped": 0, "sent_bytes": 10240}

@@ -188,11 +188,18 @@ function filterRow(filter) {
     el("td", { "data-field": "cameras" }, (spec.cameras || []).join(", ")),
     el("td", { "data-field": "threshold" }, `${smoothing.threshold} · ${smoothing.k}/${smoothing.n}`),
     validationCell(spec.validation),
-    el("td", { "data-field": "encoding" }, encoding.kind === "clip" ? "MP4 clip" : `JPEG q${encoding.jpeg_quality}`),
+    el("td", { "data-field": "encoding" }, encodingText(encoding)),
     numCell("version", String(spec.version)),
     numCell("revision", String(filter.revision)),
     el("td", {}, remove),
   );
+}
+
+/** A filter's encoding (FilterSpec.encoding; an old spec without one has the default, the stream). */
+function encodingText(encoding) {
+  if (encoding.kind === "clip") return "MP4 clip";
+  if (encoding.kind === "jpeg") return `JPEG q${encoding.jpeg_quality}`;
+  return "H.264 stream";
 }
 
 /** The cross-validated estimate of a filter on footage it was not trained on (spec.validation), its warnings

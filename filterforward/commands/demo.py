@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
     print(f"4/4 scoring the held-out frames {split}:{dataset.n_frames}")
     print(format_report(evaluate(dataset, [trained.bundle], (split, dataset.n_frames))))
-    print(f"\nfilter bundle: {trained.bundle}\nmatched frames and events.jsonl: {sink}")
+    print(f"\nfilter bundle: {trained.bundle}\nmatched frames (stream/: H.264 fragments) and events.jsonl: {sink}")
     return 0
 
 

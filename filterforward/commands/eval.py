@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="replay a labelled dataset through the edge with trained filters; report event F1 and bandwidth",
         description="Runs the real edge pipeline (every-frame pacing) over a labelled dataset and scores each "
         "filter by event F1 (per-frame precision; event recall = 0.9 x existence + 0.1 x overlap; uncertain "
-        "frames ignored) and the bandwidth of what it sent against the whole stream as H.264.",
+        "frames ignored) and the bandwidth of what it sent (each filter's encoding: by default the camera's H.264 "
+        "stream of matched frames) against the whole stream as H.264 at the same CRF and resolution.",
     )
     parser.add_argument("dataset", type=Path, help="labelled dataset folder (labels.csv + video)")
     parser.add_argument(
