@@ -102,8 +102,8 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     sessions = session_factory(engine)
     store = FrameStore(config.data_dir / "frames")
     retention.clean_orphans(store, older_than=0)  # nothing writes yet: every temporary file is an orphan
-    storage = Storage(sessions, store, config.base_url)
-    notifier = Notifier(config)
+    storage = Storage(sessions, store)
+    notifier = Notifier(config, config.base_url)
     stack.callback(notifier.close)  # after the ingest stops: flushes what it queued
     sweep_now = threading.Event()  # the ingest sets it on a full disk: retention runs early
     ingest = Ingest(config, storage, sessions, notify=notifier.publish, on_disk_full=sweep_now.set)

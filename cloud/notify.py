@@ -15,7 +15,7 @@ import urllib.request
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from http.client import HTTPException
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
@@ -26,6 +26,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl
 
+from cloud.links import clip_path, event_path, frame_path
 from models.registry import Registry
 
 if TYPE_CHECKING:
@@ -84,6 +85,23 @@ class ChannelType:
     field: tuple[Any, Any]  # that key's type and default (or pydantic Field)
     counters: tuple[str, str]  # its Tally's names: delivered, failed
     open: Callable[[Any, Tally], list[Sender]]  # the senders the key's value asks for (none when unset)
+
+
+def payload(notification: Notification, base_url: str) -> dict[str, Any]:
+    """The JSON every channel sends for a notification: the event, links to it in the REST API, the phase."""
+    event = notification.event
+    fields = asdict(event)
+    del fields["thumbnail"]  # a link below instead
+    # its thumbnail frame, else the clip that stands in for it
+    frame = frame_path(event.thumbnail) if event.thumbnail is not None else clip_path(event.id)
+    return {
+        **fields,
+        "started_at": event.started_at.isoformat(),
+        "ended_at": event.ended_at.isoformat() if event.ended_at else None,
+        "url": base_url + event_path(event.id),
+        "frame_url": base_url + frame,
+        "phase": notification.phase,
+    }
 
 
 def topic_level(name: str) -> str:
@@ -327,13 +345,15 @@ CHANNELS: Registry[ChannelType] = Registry(
 
 
 class Notifier:
-    """publish() queues an event start/end for every sender the config sets up; close() flushes (bounded wait)."""
+    """publish() queues an event start/end for every sender the config's channel keys set up; close() flushes
+    (bounded wait)."""
 
-    def __init__(self, config: CloudConfig, *, queue_size: int = 1000, close_wait: float = 10.0) -> None:
+    def __init__(self, config: CloudConfig, base_url: str, *, queue_size: int = 1000, close_wait: float = 10.0) -> None:
         counters = [name for channel in CHANNELS.values() for name in channel.counters]
         self.counts: dict[str, int] = dict.fromkeys([*counters, DROPPED], 0)
         self._lock = threading.Lock()
         self._close_wait = close_wait
+        self._base_url = base_url  # the messages link to the event in the REST API under it
         self._senders: list[Sender] = []
         self._outboxes: list[_Outbox] = []
         for channel in CHANNELS.values():
@@ -345,9 +365,9 @@ class Notifier:
     def publish(self, notification: Notification) -> None:
         """Queue one notification for every destination; never blocks (a full queue drops its oldest)."""
         event = notification.event
-        topic = f"{topic_level(event['camera'])}/{topic_level(event['filter'])}/{notification.phase}"
-        body = json.dumps({**event, "phase": notification.phase}, default=str).encode()
-        message = Message(f"event {event.get('uid')} {notification.phase}", topic, body)
+        topic = f"{topic_level(event.camera)}/{topic_level(event.filter)}/{notification.phase}"
+        body = json.dumps(payload(notification, self._base_url)).encode()
+        message = Message(f"event {event.uid} {notification.phase}", topic, body)
         for outbox in self._outboxes:
             outbox.put(message)
 

@@ -11,7 +11,8 @@ Notifications: an event's start is due once the event is known (start message, o
 first: it carries the start too) and one of its frames or its clip is stored; its end once the end is
 stored and the start went out (both in one list, start first, when they become due together). A
 notification handed out stays pending until `mark_notified` records it, so it goes out once; `due()`
-hands out again what a restart left unmarked.
+hands out again what a restart left unmarked. A notification carries the event as stored (EventRecord); the
+message sent for it is cloud.notify's business.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from cloud.db import (
     utcnow,
 )
 from cloud.framestore import DiskFull, FrameStore
-from cloud.links import clip_path, event_path, frame_path
 from common.fragment import unpack
 from common.protocol import EventHeader, FragmentHeader, FrameHeader, Hello, Stats
 from models import errors
@@ -54,9 +54,28 @@ TRIES = 3  # a transaction that lost an insert race runs again; the second try f
 
 
 @dataclass(frozen=True)
+class EventRecord:
+    """An event as stored when one of its notifications became due (cloud.notify makes the message of it)."""
+
+    id: int
+    uid: str
+    edge: str
+    camera: str
+    filter: str
+    start_frame: int
+    end_frame: int | None
+    start_time: float
+    end_time: float | None
+    peak_score: float
+    started_at: datetime  # aware, UTC
+    ended_at: datetime | None
+    thumbnail: int | None  # the stored frame that shows it; None: only its clip does
+
+
+@dataclass(frozen=True)
 class Notification:
     phase: Phase
-    event: dict[str, Any]  # id, uid, edge, camera, filter, frames, times, peak_score, url, frame_url
+    event: EventRecord
 
 
 @dataclass(frozen=True)
@@ -230,13 +249,30 @@ def _close_abandoned(session: Session, edge: str, run: str) -> list[int]:
     return [event.id for event in abandoned]
 
 
+def _record(session: Session, event: Event) -> EventRecord:
+    return EventRecord(
+        id=event.id,
+        uid=event.uid,
+        edge=event.edge_id,
+        camera=event.camera,
+        filter=event.filter,
+        start_frame=event.start_frame,
+        end_frame=event.end_frame,
+        start_time=event.start_time,
+        end_time=event.end_time,
+        peak_score=event.peak_score,
+        started_at=as_utc(event.started_at),
+        ended_at=as_utc(event.ended_at) if event.ended_at else None,
+        thumbnail=session.scalar(select(thumbnail_of(event))),
+    )
+
+
 class Storage:
     """Thread-safe: each call runs in its own session. `counts`: messages stored and duplicates seen (this process)."""
 
-    def __init__(self, sessions: sessionmaker, store: FrameStore, base_url: str) -> None:
+    def __init__(self, sessions: sessionmaker, store: FrameStore) -> None:
         self._sessions = sessions
         self._store = store
-        self._base_url = base_url.rstrip("/")
         self._lock = threading.Lock()  # guards _pending and counts
         self._pending: set[tuple[int, Phase]] = set()  # (event id, phase) handed out, not yet marked notified
         self.counts = {"stored": 0, "duplicates": 0}
@@ -401,7 +437,7 @@ class Storage:
 
     def mark_notified(self, notification: Notification) -> None:
         """Records that a notification went out, so it is never handed out again (restarts included)."""
-        event_id, phase = notification.event["id"], notification.phase
+        event_id, phase = notification.event.id, notification.phase
         with self._sessions.begin() as session:
             session.execute(update(Event).where(Event.id == event_id).values({f"{phase}_notified": True}))
         with self._lock:
@@ -508,23 +544,7 @@ class Storage:
         ):
             phases.append("end")
         self._pending.update((event.id, phase) for phase in phases)
-        return [Notification(phase, self._payload(session, event)) for phase in phases]
-
-    def _payload(self, session: Session, event: Event) -> dict[str, Any]:
-        thumbnail = session.scalar(select(thumbnail_of(event)))
-        return {
-            "id": event.id,
-            "uid": event.uid,
-            "edge": event.edge_id,
-            "camera": event.camera,
-            "filter": event.filter,
-            "start_frame": event.start_frame,
-            "end_frame": event.end_frame,
-            "start_time": event.start_time,
-            "end_time": event.end_time,
-            "peak_score": event.peak_score,
-            "started_at": as_utc(event.started_at).isoformat(),
-            "ended_at": as_utc(event.ended_at).isoformat() if event.ended_at else None,
-            "url": self._base_url + event_path(event.id),
-            "frame_url": self._base_url + (frame_path(thumbnail) if thumbnail is not None else clip_path(event.id)),
-        }
+        if not phases:
+            return []
+        record = _record(session, event)
+        return [Notification(phase, record) for phase in phases]

@@ -1,5 +1,5 @@
 """Small helpers the tests share: a free loopback port, polling with a bound, a subscriber on the local
-Mosquitto broker, and frames read from a real clip."""
+Mosquitto broker, an event notification, and frames read from a real clip."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import cv2
@@ -17,6 +18,8 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
+
+from cloud.storage import EventRecord, Notification
 
 BROKER = ("127.0.0.1", 1883)
 MQTT_WAIT = 20.0  # seconds; only keeps a broken test from hanging
@@ -86,3 +89,27 @@ def with_encoding(bundle: Path, kind: str, out: Path) -> Path:
     spec = json.loads((out / "spec.json").read_text())
     (out / "spec.json").write_text(json.dumps({**spec, "encoding": {**spec.get("encoding", {}), "kind": kind}}))
     return out
+
+
+def notification(
+    phase: str, event_id: int = 7, camera: str = "front door/1", filter_name: str = "red+car#2", thumbnail: int = 3
+) -> Notification:
+    """An event start or end as the storage hands it over: edge-1's event, shown by frame `thumbnail` (or
+    0 for none)."""
+    end = phase == "end"
+    event = EventRecord(
+        id=event_id,
+        uid=f"edge-1/run-1/{event_id}",
+        edge="edge-1",
+        camera=camera,
+        filter=filter_name,
+        start_frame=10,
+        end_frame=42 if end else None,
+        start_time=0.4,
+        end_time=1.68 if end else None,
+        peak_score=0.93,
+        started_at=datetime(2024, 5, 1, 12, 0, tzinfo=UTC),
+        ended_at=datetime(2024, 5, 1, 12, 0, 2, tzinfo=UTC) if end else None,
+        thumbnail=thumbnail or None,
+    )
+    return Notification(phase=phase, event=event)

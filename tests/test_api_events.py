@@ -123,7 +123,7 @@ def scene(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def populate(server: CloudServer) -> Scene:
     config = server.config
     engine = make_engine(config.db_url)
-    storage = Storage(session_factory(engine), FrameStore(config.data_dir / "frames"), config.base_url)
+    storage = Storage(session_factory(engine), FrameStore(config.data_dir / "frames"))
     storage.edge_hello(EDGE, Hello(edge=EDGE, run=RUN, cameras=["cam-a", "cam-b"], filters_version=4), None)
     camera_stats = {"fps": 12.0, "base_ms": 30.5, "mc_ms": 1.5, "frames": 240, "matched": 9, "bytes_out": 9000}
     storage.edge_stats(

@@ -32,7 +32,7 @@ def populated(tmp_path_factory: pytest.TempPathFactory, make_filter) -> Iterator
             files = {"model": ("m.onnx", onnx, "application/octet-stream")}
             assert client.post("/api/filters", data={"spec": spec.model_dump_json()}, files=files).status_code == 201
         config = server.config
-        storage = Storage(session_factory(make_engine(config.db_url)), FrameStore(config.data_dir / "frames"), "")
+        storage = Storage(session_factory(make_engine(config.db_url)), FrameStore(config.data_dir / "frames"))
         storage.edge_hello("edge-1", Hello(edge="edge-1", run="run-1", cameras=["cam-1"]), None)
         jpeg = cv2.imencode(".jpg", np.zeros((96, 128, 3), np.uint8))[1].tobytes()
         info = EventInfo(id="ev-1", filter="red-car", camera="cam-1", start_frame=1, start_time=0.1, peak_score=0.9)

@@ -135,7 +135,7 @@ class Cloud:
         self.engine = make_engine(config.db_url)
         self.sessions = session_factory(self.engine)
         self.store = FrameStore(folder / "frames")
-        self.storage = Storage(self.sessions, self.store, "http://cloud.test")
+        self.storage = Storage(self.sessions, self.store)
         self.notified: list[Notification] = []
         self.ingest = Ingest(config, self.storage, self.sessions, notify=self.notified.append)
         self.publisher = Publisher(config.zmq, self.sessions, threading.Event(), poll=PUBLISH_POLL)
@@ -282,7 +282,7 @@ def test_heartbeat_hello_and_event_notifications(make_cloud) -> None:
     client.send(EventHeader(edge=EDGE, run=RUN, seq=1, phase="start", wall_time=1_700_000_000, event=info))
     client.send(frame(2, events=["e1"]), b"jpeg")
     assert sorted(client.acked(2)) == [1, 2]
-    assert [(n.phase, n.event["uid"]) for n in cloud.notified] == [("start", f"{EDGE}/{RUN}/e1")]
+    assert [(n.phase, n.event.uid) for n in cloud.notified] == [("start", f"{EDGE}/{RUN}/e1")]
     with cloud.sessions() as session:
         assert session.scalars(select(Event.start_notified)).one() is True
         edge = session.get(Edge, EDGE)

@@ -123,7 +123,7 @@ def test_a_database_from_before_migrations_is_stamped_and_keeps_its_rows(
         assert (kept.seq, store.open_path(kept.path).read_bytes(), kept.fragment_id) == (2, b"jpeg-2", None)
         assert list(session.scalars(select(Received.seq))) == [2]
     # The tables were kept, not made anew: new rows go on from the old ones (ids too), with today's code.
-    storage = Storage(sessions, store, "http://cloud.test/")
+    storage = Storage(sessions, store)
     storage.store_event(EDGE, event_start(3, "ev-1"), b"")
     storage.store_frame(EDGE, frame(4, "ev-1"), b"jpeg-4")
     with sessions() as session:

@@ -13,13 +13,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from pydantic import ValidationError
-from support import BROKER, MqttSubscriber, wait_until
+from support import BROKER, MqttSubscriber, notification, wait_until
 
 from cloud.config import CloudConfig
-from cloud.notify import Notifier, topic_level
-from cloud.storage import Notification
+from cloud.notify import Notifier, payload, topic_level
 
 TIMEOUT = 20.0  # generous: only there so a broken test fails instead of hanging
+PUBLIC_URL = "http://cloud:8000"
 
 
 def make_config(
@@ -33,26 +33,31 @@ def make_config(
     )
 
 
-def notification(
-    phase: str, event_id: int = 7, camera: str = "front door/1", filter_name: str = "red+car#2"
-) -> Notification:
-    event = {
+def body(phase: str, event_id: int = 7) -> dict:
+    """The JSON every channel sends for support.notification(phase, event_id)."""
+    end = phase == "end"
+    return {
         "id": event_id,
         "uid": f"edge-1/run-1/{event_id}",
         "edge": "edge-1",
-        "camera": camera,
-        "filter": filter_name,
+        "camera": "front door/1",
+        "filter": "red+car#2",
         "start_frame": 10,
-        "end_frame": 42 if phase == "end" else None,
+        "end_frame": 42 if end else None,
         "start_time": 0.4,
-        "end_time": 1.68 if phase == "end" else None,
+        "end_time": 1.68 if end else None,
         "peak_score": 0.93,
         "started_at": "2024-05-01T12:00:00+00:00",
-        "ended_at": "2024-05-01T12:00:02+00:00" if phase == "end" else None,
-        "url": f"http://cloud:8000/api/events/{event_id}",
-        "frame_url": "http://cloud:8000/api/frames/3.jpg",
+        "ended_at": "2024-05-01T12:00:02+00:00" if end else None,
+        "url": f"{PUBLIC_URL}/api/events/{event_id}",
+        "frame_url": f"{PUBLIC_URL}/api/frames/3.jpg",
+        "phase": phase,
     }
-    return Notification(phase=phase, event=event)
+
+
+def test_the_message_links_the_event_its_frame_or_else_its_clip() -> None:
+    assert payload(notification("end"), PUBLIC_URL) == body("end")
+    assert payload(notification("end", thumbnail=0), PUBLIC_URL)["frame_url"] == f"{PUBLIC_URL}/api/events/7/clip.mp4"
 
 
 @pytest.fixture
@@ -165,7 +170,7 @@ def test_prefix_with_a_wildcard_is_refused() -> None:
 
 
 def test_start_and_end_reach_mqtt_in_order(prefix: str, subscriber: MqttSubscriber) -> None:
-    notifier = Notifier(make_config(mqtt_port=BROKER[1], prefix=prefix))
+    notifier = Notifier(make_config(mqtt_port=BROKER[1], prefix=prefix), PUBLIC_URL)
     start, end = notification("start"), notification("end")
     notifier.publish(start)
     notifier.publish(end)
@@ -174,15 +179,14 @@ def test_start_and_end_reach_mqtt_in_order(prefix: str, subscriber: MqttSubscrib
 
     assert start_topic == f"{prefix}/front door_1/red_car_2/start"
     assert end_topic == f"{prefix}/front door_1/red_car_2/end"
-    assert start_body == {**start.event, "phase": "start"}
-    assert end_body == {**end.event, "phase": "end"}
+    assert (start_body, end_body) == (body("start"), body("end"))
     assert notifier.counts == {**notifier.counts, "mqtt_published": 2, "mqtt_failed": 0, "dropped": 0}
 
 
 def test_notifications_wait_for_a_broker_that_is_down(prefix: str, subscriber: MqttSubscriber) -> None:
     proxy = BrokerProxy()
     try:
-        notifier = Notifier(make_config(mqtt_port=proxy.port, prefix=prefix))
+        notifier = Notifier(make_config(mqtt_port=proxy.port, prefix=prefix), PUBLIC_URL)
         for event_id in (1, 2, 3):
             notifier.publish(notification("start", event_id))
         proxy.start()  # the broker is back
@@ -197,7 +201,7 @@ def test_notifications_wait_for_a_broker_that_is_down(prefix: str, subscriber: M
 def test_unreachable_broker_blocks_neither_publish_nor_close() -> None:
     proxy = BrokerProxy()  # never started: every connection is refused
     try:
-        notifier = Notifier(make_config(mqtt_port=proxy.port), close_wait=0.5)
+        notifier = Notifier(make_config(mqtt_port=proxy.port), PUBLIC_URL, close_wait=0.5)
         for event_id in range(5):
             notifier.publish(notification("start", event_id))
         notifier.close()
@@ -208,13 +212,13 @@ def test_unreachable_broker_blocks_neither_publish_nor_close() -> None:
 
 
 def test_every_webhook_gets_the_json(webhooks: WebhookServer) -> None:
-    notifier = Notifier(make_config(webhooks=[f"{webhooks.url}/a", f"{webhooks.url}/b?key=1"]))
+    notifier = Notifier(make_config(webhooks=[f"{webhooks.url}/a", f"{webhooks.url}/b?key=1"]), PUBLIC_URL)
     start, end = notification("start"), notification("end")
     notifier.publish(start)
     notifier.publish(end)
     notifier.close()
 
-    expected = [{**start.event, "phase": "start"}, {**end.event, "phase": "end"}]
+    expected = [body("start"), body("end")]
     assert webhooks.bodies("/a") == expected
     assert webhooks.bodies("/b?key=1") == expected
     assert {content_type for _, content_type, _ in webhooks.received} == {"application/json"}
@@ -224,7 +228,7 @@ def test_every_webhook_gets_the_json(webhooks: WebhookServer) -> None:
 
 def test_a_failing_webhook_is_retried(webhooks: WebhookServer) -> None:
     webhooks.scripts["/flaky"] = [500, 503, 200]
-    notifier = Notifier(make_config(webhooks=[f"{webhooks.url}/flaky"]))
+    notifier = Notifier(make_config(webhooks=[f"{webhooks.url}/flaky"]), PUBLIC_URL)
     notifier.publish(notification("start"))
     notifier.close()
     assert len(webhooks.bodies("/flaky")) == 3
@@ -236,7 +240,7 @@ def test_a_dead_webhook_is_counted_and_does_not_stop_the_others(
     webhooks: WebhookServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     webhooks.scripts["/dead?token=secret"] = [500]
-    notifier = Notifier(make_config(webhooks=[f"{webhooks.url}/dead?token=secret", f"{webhooks.url}/ok"]))
+    notifier = Notifier(make_config(webhooks=[f"{webhooks.url}/dead?token=secret", f"{webhooks.url}/ok"]), PUBLIC_URL)
     notifier.publish(notification("start"))
     notifier.close()
     assert len(webhooks.bodies("/dead?token=secret")) == 3
@@ -249,7 +253,7 @@ def test_a_dead_webhook_is_counted_and_does_not_stop_the_others(
 
 def test_a_full_queue_drops_the_oldest(webhooks: WebhookServer) -> None:
     webhooks.gate.clear()  # the webhook hangs until released
-    notifier = Notifier(make_config(webhooks=[f"{webhooks.url}/slow"]), queue_size=2)
+    notifier = Notifier(make_config(webhooks=[f"{webhooks.url}/slow"]), PUBLIC_URL, queue_size=2)
     notifier.publish(notification("start", 1))
     assert webhooks.got_request.wait(TIMEOUT)  # event 1 is being sent, the queue is empty
     for event_id in (2, 3, 4):
@@ -263,7 +267,7 @@ def test_a_full_queue_drops_the_oldest(webhooks: WebhookServer) -> None:
 
 def test_a_stuck_webhook_does_not_delay_mqtt(webhooks: WebhookServer, prefix: str, subscriber: MqttSubscriber) -> None:
     webhooks.gate.clear()
-    notifier = Notifier(make_config(mqtt_port=BROKER[1], prefix=prefix, webhooks=[f"{webhooks.url}/slow"]))
+    notifier = Notifier(make_config(mqtt_port=BROKER[1], prefix=prefix, webhooks=[f"{webhooks.url}/slow"]), PUBLIC_URL)
     for event_id in (1, 2, 3):
         notifier.publish(notification("start", event_id))
     assert [body["id"] for _, body in subscriber.take(3)] == [1, 2, 3]  # while the webhook still hangs

@@ -401,7 +401,7 @@ def test_ingest_on_a_full_frame_store_counts_asks_for_retention_and_acks_only_wh
         engine = make_engine(config.db_url)
         sessions = session_factory(engine)
         sweeps: list[int] = []
-        storage = Storage(sessions, FrameStore(frames), "http://cloud.test")
+        storage = Storage(sessions, FrameStore(frames))
         ingest = Ingest(config, storage, sessions, notify=lambda _: None, on_disk_full=lambda: sweeps.append(1))
         ingest.start()
         context = zmq.Context()

@@ -13,11 +13,11 @@ from types import ModuleType
 import pytest
 import torch
 from pydantic import Field
+from support import notification
 from torch import nn
 
 from cloud.config import CloudConfig, notification_keys
 from cloud.notify import CHANNELS, ChannelType, Message, Notifier, Tally
-from cloud.storage import Notification
 from filterforward.commands import demo, train
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError
@@ -156,7 +156,7 @@ class Memory:
 def test_the_cloud_config_has_a_key_per_channel_type_and_the_counts_theirs() -> None:
     assert set(CHANNELS) == {"mqtt", "webhooks"} and set(CHANNELS) <= set(CloudConfig.model_fields)
     config = CloudConfig(tokens=[{"name": "t", "token": "t" * 16}], zmq={"insecure": True})
-    notifier = Notifier(config)
+    notifier = Notifier(config, "http://cloud.test")
     notifier.close()
     assert list(notifier.counts) == ["mqtt_published", "mqtt_failed", "webhook_sent", "webhook_failed", "dropped"]
 
@@ -173,9 +173,8 @@ def test_a_registered_channel_gets_its_config_key_its_counters_and_every_event(
 
     channel = ChannelType("memory", (list[str], Field(default_factory=list)), ("kept", "lost"), open_memory)
     monkeypatch.setitem(CHANNELS, "memory", channel)
-    notifier = Notifier(notification_keys()(memory=["a", "b"]))
-    event = {"uid": "e/r/1", "camera": "front/door", "filter": "cars"}
-    notifier.publish(Notification(phase="start", event=event))
+    notifier = Notifier(notification_keys()(memory=["a", "b"]), "http://cloud.test")
+    notifier.publish(notification("start", camera="front/door", filter_name="cars"))
     notifier.close()
     assert [(s.topics, s.closed) for s in senders] == [(["front_door/cars/start"], True)] * 2
     assert (notifier.counts["kept"], notifier.counts["lost"], notifier.counts["dropped"]) == (2, 0, 0)

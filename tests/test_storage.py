@@ -33,13 +33,12 @@ from cloud.db import (
 )
 from cloud.framestore import FrameStore
 from cloud.retention import ORPHAN_AGE, sweep
-from cloud.storage import Message, Notification, Storage
+from cloud.storage import EventRecord, Message, Notification, Storage
 from common.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 EDGE, RUN, CAMERA = "edge-1", "run-1", "cam-1"
 T0 = 1_700_000_000.0
-BASE = "http://cloud.test"
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -75,7 +74,7 @@ def store(tmp_path: Path) -> FrameStore:
 
 @pytest.fixture
 def storage(sessions: sessionmaker, store: FrameStore) -> Storage:
-    return Storage(sessions, store, BASE + "/")
+    return Storage(sessions, store)
 
 
 def frame(seq: int, *events: str, index: int | None = None, payload: str = "jpeg") -> FrameHeader:
@@ -113,7 +112,7 @@ def event(seq: int, phase: str, event_id: str = "ev-1", clip: bool = False, star
 
 
 def phases(notifications: list[Notification]) -> list[tuple[str, str]]:
-    return [(n.phase, n.event["uid"].rsplit("/", 1)[1]) for n in notifications]
+    return [(n.phase, n.event.uid.rsplit("/", 1)[1]) for n in notifications]
 
 
 def rows(sessions: sessionmaker, model: type, *where: Any) -> list[Any]:
@@ -223,27 +222,24 @@ def test_a_frame_before_its_start_is_linked_and_the_start_waits_for_it(
     storage.mark_notified(start)
     [frame_row] = rows(sessions, StoredFrame)
     assert start.phase == "start"
-    assert start.event == {
-        "id": start.event["id"],
-        "uid": f"{EDGE}/{RUN}/ev-1",
-        "edge": EDGE,
-        "camera": CAMERA,
-        "filter": "red",
-        "start_frame": 10,
-        "end_frame": None,
-        "start_time": 1.0,
-        "end_time": None,
-        "peak_score": 0.7,
-        "started_at": datetime.fromtimestamp(T0 + 1.0, UTC).isoformat(),
-        "ended_at": None,
-        "url": f"{BASE}/api/events/{start.event['id']}",
-        "frame_url": f"{BASE}/api/frames/{frame_row.id}.jpg",
-    }
-    [end] = storage.store_event(EDGE, event(3, "end"), b"")
-    assert (end.phase, end.event["end_frame"], end.event["end_time"], end.event["peak_score"]) == ("end", 30, 3.0, 0.9)
-    assert datetime.fromisoformat(end.event["ended_at"]) == datetime.fromisoformat(start.event["started_at"]) + (
-        timedelta(seconds=2)
+    assert start.event == EventRecord(
+        id=start.event.id,
+        uid=f"{EDGE}/{RUN}/ev-1",
+        edge=EDGE,
+        camera=CAMERA,
+        filter="red",
+        start_frame=10,
+        end_frame=None,
+        start_time=1.0,
+        end_time=None,
+        peak_score=0.7,
+        started_at=datetime.fromtimestamp(T0 + 1.0, UTC),
+        ended_at=None,
+        thumbnail=frame_row.id,
     )
+    [end] = storage.store_event(EDGE, event(3, "end"), b"")
+    assert (end.phase, end.event.end_frame, end.event.end_time, end.event.peak_score) == ("end", 30, 3.0, 0.9)
+    assert end.event.ended_at == start.event.started_at + timedelta(seconds=2)
 
 
 def test_an_end_before_its_start_stands_in_for_it_until_the_start_arrives(
@@ -253,7 +249,7 @@ def test_an_end_before_its_start_stands_in_for_it_until_the_start_arrives(
 
     notifications = storage.store_frame(EDGE, frame(2, "ev-1", index=15), b"jpeg")
     assert phases(notifications) == [("start", "ev-1"), ("end", "ev-1")]
-    estimated = datetime.fromisoformat(notifications[0].event["started_at"])
+    estimated = notifications[0].event.started_at
     assert estimated == datetime.fromtimestamp(T0 + 1.0, UTC)  # end wall time minus the duration
     for notification in notifications:
         storage.mark_notified(notification)
@@ -282,7 +278,7 @@ def test_a_clip_on_end_goes_to_the_store_and_stands_in_for_missing_jpegs(
     assert (row.clip_path, row.clip_size) == (f"clips/{EDGE}/{CAMERA}/{RUN}-3.mp4", 8)
     assert store.open_path(row.clip_path).read_bytes() == b"mp4 clip"
     assert [(f.path, f.size) for f in rows(sessions, StoredFrame)] == [(None, 0)]
-    assert start.event["frame_url"] == end.event["frame_url"] == f"{BASE}/api/events/{row.id}/clip.mp4"
+    assert start.event.thumbnail is end.event.thumbnail is None  # only the clip shows the event
 
 
 def test_a_clip_alone_makes_the_start_due(storage: Storage) -> None:
@@ -290,7 +286,7 @@ def test_a_clip_alone_makes_the_start_due(storage: Storage) -> None:
 
     notifications = storage.store_event(EDGE, event(2, "end", clip=True), b"mp4")
     assert phases(notifications) == [("start", "ev-1"), ("end", "ev-1")]
-    assert all(n.event["frame_url"].endswith("/clip.mp4") for n in notifications)
+    assert all(n.event.thumbnail is None for n in notifications)
 
 
 def test_notifications_go_out_once_even_across_a_restart(
@@ -300,7 +296,7 @@ def test_notifications_go_out_once_even_across_a_restart(
     [start] = storage.store_frame(EDGE, frame(2, "ev-1"), b"jpeg")
     assert storage.store_frame(EDGE, frame(3, "ev-1"), b"jpeg") == []  # handed out, not yet marked: not again
 
-    restarted = Storage(sessions, store, BASE)  # the process died before the start went out
+    restarted = Storage(sessions, store)  # the process died before the start went out
     assert phases(restarted.due()) == [("start", "ev-1")]
     assert restarted.due() == []
     restarted.mark_notified(start)
@@ -308,7 +304,7 @@ def test_notifications_go_out_once_even_across_a_restart(
 
     [end] = restarted.store_event(EDGE, event(5, "end"), b"")
     restarted.mark_notified(end)
-    assert Storage(sessions, store, BASE).due() == []
+    assert Storage(sessions, store).due() == []
     [row] = rows(sessions, Event)
     assert (row.start_notified, row.end_notified) == (True, True)
 

@@ -78,7 +78,7 @@ class Cloud:
         self.publisher: Publisher | None = None
 
     def start(self) -> None:
-        storage = Storage(self.sessions, FrameStore(self.config.data_dir / "store"), self.config.base_url)
+        storage = Storage(self.sessions, FrameStore(self.config.data_dir / "store"))
         self.ingest = Ingest(self.config, storage, self.sessions, notify=lambda _notification: None)
         self.ingest.start()
         self.publisher = Publisher(self.config.zmq, self.sessions, self.filters_changed, poll=PUBLISH_POLL)
