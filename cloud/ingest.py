@@ -33,6 +33,7 @@ import zmq
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
+from cloud.base_models import mismatches, stored_specs
 from cloud.config import CloudConfig
 from cloud.publisher import snapshot
 from cloud.sockets import HEADER_ROOM, bind_server
@@ -263,10 +264,25 @@ class Ingest:
             case Hello():
                 public_key = None if self._config.insecure else _property(frame, PUBLIC_KEY_PROPERTY)
                 self._hand_out(self._storage.edge_hello(edge, header, public_key))
+                self._guarded(self._log_mismatches, edge)  # the hello is stored whatever this does
             case Stats():
                 self._storage.edge_stats(edge, header)
             case SnapshotRequest():
                 self._send_snapshot(identity)
+
+    def _log_mismatches(self, edge: str) -> None:
+        """One line when an edge (re)starts on another base model than filters targeting it were trained on (its
+        MC bank refuses them; GET /api/edges lists them as its refused_filters)."""
+        with self._sessions() as session:
+            found = mismatches(session, stored_specs(session), edge)
+        if found:
+            log.warning(
+                "edge %s runs base model %s, so its MC bank refuses filter(s) trained on another: %s; retrain them "
+                "on its base model or run the edge on theirs",
+                edge,
+                found[0].edge_model,
+                ", ".join(f"{mismatch.filter} ({mismatch.filter_model})" for mismatch in found),
+            )
 
     def _store(self, messages: list[tuple[bytes, Message]]) -> list[tuple[bytes, int]]:
         """Stores the pass's frames and events in one transaction, then hands out the notifications it made due;

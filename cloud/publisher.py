@@ -107,7 +107,7 @@ def snapshot(sessions: sessionmaker) -> tuple[list[Update], SnapshotEnd]:
     updates = [
         (FilterUpdate(version=row.revision, action="put", name=row.name, spec=spec), row.onnx)
         for _, row in rows
-        if row is not None and (spec := _spec(row)) is not None
+        if row is not None and (spec := stored_spec(row)) is not None
     ]
     return updates, SnapshotEnd(version=rows[0][0])
 
@@ -119,7 +119,7 @@ def latest_version(sessions: sessionmaker) -> int:
 
 def _change(change: FilterChange, row: Filter | None) -> Update:
     """The message of one change: a put with the filter as it is now, or a delete."""
-    spec = _spec(row) if change.action == "put" and row is not None else None
+    spec = stored_spec(row) if change.action == "put" and row is not None else None
     if spec is None:
         # a delete, a put whose filter is gone by now (a later delete follows) or whose stored spec is invalid
         # (logged): sent as a delete, so the versions stay contiguous (edges resnapshot at a gap)
@@ -127,7 +127,7 @@ def _change(change: FilterChange, row: Filter | None) -> Update:
     return FilterUpdate(version=change.version, action="put", name=row.name, spec=spec), row.onnx
 
 
-def _spec(row: Filter) -> FilterSpec | None:
+def stored_spec(row: Filter) -> FilterSpec | None:
     try:
         return FilterSpec.model_validate(row.spec)
     except ValidationError as exc:

@@ -18,6 +18,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from cloud.base_models import mismatches
 from cloud.db import Filter, FilterChange, utcnow
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError, is_disk_full, validation_summary
@@ -82,6 +83,7 @@ class Registry:
                 raise RegistryError(
                     409, f"filter '{spec.name}' already exists: update it with PUT /api/filters/{spec.name}"
                 )
+            _check_base_model(session, spec)
             now = utcnow()
             row = Filter(
                 name=spec.name,
@@ -117,6 +119,7 @@ class Registry:
                     409, f"filter '{name}' is at the highest version ({MAX_VERSION}): delete it and create it again"
                 )
             bumped = spec.model_copy(update={"version": stored + 1})
+            _check_base_model(session, bumped)
             row.spec = bumped.model_dump(mode="json")
             row.onnx = onnx if onnx is not None else row.onnx
             row.revision = version
@@ -163,6 +166,22 @@ class Registry:
                     503, f"filter '{name}' could not be saved: the database is unavailable; retry"
                 ) from None
         raise RegistryError(503, f"filter '{name}' could not be saved: too many concurrent changes; retry")
+
+
+def _check_base_model(session: Session, spec: FilterSpec) -> None:
+    """Refuse a filter that an edge it targets would refuse: one trained on another base model than that edge
+    reported. Checked in the change's transaction, so it sees the edges as they are when the filter is stored."""
+    found = mismatches(session, [spec])
+    if not found:
+        return
+    first = found[0]
+    others = f" (and {len(found) - 1} more edge(s))" if len(found) > 1 else ""
+    raise RegistryError(
+        409,
+        f"filter '{spec.name}' was trained on base model {first.filter_model} but edge '{first.edge}' runs "
+        f"{first.edge_model}{others}: retrain it on that base model (filterforward train --base-model) or run "
+        "the edge on the one it was trained on (filterforward models export, the edge's base_model:)",
+    )
 
 
 def _serialize_changes(session: Session) -> None:

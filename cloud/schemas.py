@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, Field
 
 from cloud.db import as_utc
-from models.filterspec import FilterSpec
+from models.filterspec import BaseModelId, FilterSpec
 
 UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -24,7 +24,8 @@ _REASONS = {
     401: "no bearer token, or one this cloud does not know",
     403: "the token lacks the scope (read or write) this operation needs",
     404: "no such resource (or its payload was removed by retention)",
-    409: "conflicts with the current state (a name taken, a version exhausted)",
+    409: "conflicts with the current state (a name taken, a version exhausted, a target edge that runs another "
+    "base model than the filter was trained on)",
     413: "the upload is over the size limit",
     422: "a parameter or the body breaks the schema; the detail names it",
     503: "the database is unreachable or busy: retry",
@@ -54,6 +55,10 @@ class EdgeOut(BaseModel):
     filters_version: int
     stats: dict[str, Any] = Field(description="uplink counters from the edge's last stats message")
     cameras: list[str]
+    base_model: BaseModelId | None = Field(description="the base DNN it runs (its last hello); null: not reported")
+    refused_filters: list[str] = Field(
+        description="filters that target it but were trained on another base model: its MC bank refuses them"
+    )
 
 
 class CameraOut(BaseModel):

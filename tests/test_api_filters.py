@@ -12,13 +12,16 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
+import zmq
 from cloud_server import MAX_UPLOAD, READ_ONLY, WRITE_ONLY, CloudServer, postgres_schema, run_cloud
 from sqlalchemy import select
 
 from cloud.config import CloudConfig
 from cloud.db import Filter, FilterChange, make_engine, session_factory
-from models.filterspec import MAX_VERSION, FilterSpec
+from common.protocol import Heartbeat, Hello, encode
+from models.filterspec import MAX_VERSION, BaseModelId, FilterSpec
 
 SIZE = (128, 96)
 
@@ -385,3 +388,89 @@ def test_open_endpoints_and_docs(cloud: CloudServer) -> None:
         assert page.headers["content-type"].startswith("text/html")
         assert client.get("/static/app.js").status_code == 200
         assert client.get("/static/no-such-file.js").status_code == 404
+
+
+# -- base models: a filter must match the base model of every edge it targets -------------------------------
+
+TRAINED = BaseModelId(name="effnet-lite0", precision="fp32", digest="0123456789abcdef")
+INT8 = BaseModelId(name="effnet-lite0", precision="int8", digest="fedcba9876543210")
+
+
+def say_hello(cloud: CloudServer, edge: str, cameras: list[str], base_model: BaseModelId | None) -> None:
+    """What an edge sends the cloud when it starts, over the real ingest socket; the heartbeat's answer comes
+    after the hello is handled."""
+    context = zmq.Context()
+    try:
+        dealer = context.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{cloud.config.zmq.ingest_port}")
+        dealer.send_multipart(encode(Hello(edge=edge, run="run-1", cameras=cameras, base_model=base_model)))
+        dealer.send_multipart(encode(Heartbeat(sender=edge)))
+        assert dealer.poll(30_000), "the ingest did not answer"
+    finally:
+        context.destroy(linger=0)
+
+
+def post_spec(
+    client: httpx.Client, name: str, cameras: list[str], base_model: BaseModelId | None, onnx: bytes
+) -> httpx.Response:
+    return client.post("/api/filters", **upload(spec_for(name, cameras=cameras, base_model=base_model), onnx))
+
+
+def test_a_filter_trained_on_another_base_model_than_a_target_edge_runs_is_refused(
+    cloud: CloudServer, models: dict
+) -> None:
+    onnx = models["late"][1]
+    say_hello(cloud, "edge-int8", ["bm-dock"], INT8)
+    say_hello(cloud, "edge-quiet", ["bm-yard"], None)  # has not reported its base model: nothing to refuse
+    detail = (
+        "filter 'bm-dock' was trained on base model effnet-lite0 fp32 (digest 0123456789abcdef) but edge "
+        "'edge-int8' runs effnet-lite0 int8 (digest fedcba9876543210): retrain it on that base model "
+        "(filterforward train --base-model) or run the edge on the one it was trained on (filterforward models "
+        "export, the edge's base_model:)"
+    )
+    before = db_state(cloud.config)
+    with cloud.client() as client:
+        for cameras in (["bm-dock"], ["*"]):
+            refused = post_spec(client, "bm-dock", cameras, TRAINED, onnx)
+            assert (refused.status_code, refused.json()) == (409, {"detail": detail})
+        assert db_state(cloud.config) == before
+        # Other cameras, the edge's own base model, none recorded: stored.
+        for name, cameras, base_model in [
+            ("bm-yard", ["bm-yard"], TRAINED),
+            ("bm-int8", ["bm-dock"], INT8),
+            ("bm-unrecorded", ["bm-dock"], None),
+        ]:
+            assert post_spec(client, name, cameras, base_model, onnx).status_code == 201, name
+        # Moving a stored filter onto that edge's camera is refused the same way.
+        before = db_state(cloud.config)
+        moved = spec_for("bm-yard", cameras=["bm-yard", "bm-dock"], base_model=TRAINED)
+        refused = client.put("/api/filters/bm-yard", **upload(moved, None))
+        assert refused.status_code == 409
+        assert refused.json()["detail"] == detail.replace("'bm-dock'", "'bm-yard'", 1)
+        assert db_state(cloud.config) == before
+        conflict = client.get("/openapi.json").json()["paths"]["/api/filters"]["post"]["responses"]["409"]
+        assert "another base model" in conflict["description"]
+
+
+def test_an_edge_on_another_base_model_than_its_filters_is_logged_once_and_listed(
+    cloud: CloudServer, models: dict
+) -> None:
+    onnx = models["late"][1]
+    with cloud.client() as client:
+        assert post_spec(client, "bm-gate", ["bm-gate"], TRAINED, onnx).status_code == 201
+        say_hello(cloud, "edge-gate", ["bm-gate"], INT8)  # restarted on an int8 export
+        edge = client.get("/api/edges/edge-gate").json()
+        assert (edge["base_model"], edge["refused_filters"]) == (INT8.model_dump(), ["bm-gate"])
+        listed = {edge["id"]: edge for edge in client.get("/api/edges").json()}
+        assert listed["edge-gate"]["refused_filters"] == ["bm-gate"]
+        lines = [line for line in cloud.log_text().splitlines() if "edge edge-gate runs base model" in line]
+        assert len(lines) == 1, lines
+        assert (
+            "edge edge-gate runs base model effnet-lite0 int8 (digest fedcba9876543210), so its MC bank refuses "
+            "filter(s) trained on another: bm-gate (effnet-lite0 fp32 (digest 0123456789abcdef)); retrain them on "
+            "its base model or run the edge on theirs"
+        ) in lines[0]
+        # Retrained on the edge's base model: nothing refused any more.
+        retrained = spec_for("bm-gate", cameras=["bm-gate"], base_model=INT8)
+        assert client.put("/api/filters/bm-gate", **upload(retrained, None)).status_code == 200
+        assert client.get("/api/edges/edge-gate").json()["refused_filters"] == []

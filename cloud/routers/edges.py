@@ -9,6 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cloud.auth import require
+from cloud.base_models import mismatches, stored_specs
 from cloud.db import Camera, Edge, as_utc
 from cloud.metrics import online_cutoff
 from cloud.routers import ConfigDep, SessionDep, not_found
@@ -21,8 +22,9 @@ router = APIRouter(tags=["edges"], dependencies=[Depends(require("read"))], resp
 def list_edges(session: SessionDep, config: ConfigDep) -> list[EdgeOut]:
     edges = session.scalars(select(Edge).order_by(Edge.id)).all()
     cameras = _camera_names(session)
+    refused = _refused_filters(session)
     cutoff = online_cutoff(config)
-    return [edge_out(edge, cameras.get(edge.id, []), cutoff) for edge in edges]
+    return [edge_out(edge, cameras.get(edge.id, []), refused.get(edge.id, []), cutoff) for edge in edges]
 
 
 @router.get("/edges/{edge_id}")
@@ -30,7 +32,8 @@ def get_edge(edge_id: str, session: SessionDep, config: ConfigDep) -> EdgeOut:
     edge = session.get(Edge, edge_id)
     if edge is None:
         raise not_found(f"no edge '{edge_id}' has connected: list the known edges with GET /api/edges")
-    return edge_out(edge, _camera_names(session, edge_id).get(edge_id, []), online_cutoff(config))
+    cameras = _camera_names(session, edge_id).get(edge_id, [])
+    return edge_out(edge, cameras, _refused_filters(session, edge_id).get(edge_id, []), online_cutoff(config))
 
 
 @router.get("/cameras")
@@ -52,7 +55,7 @@ def list_cameras(session: SessionDep, config: ConfigDep) -> list[CameraOut]:
     ]
 
 
-def edge_out(edge: Edge, cameras: list[str], cutoff: datetime) -> EdgeOut:
+def edge_out(edge: Edge, cameras: list[str], refused: list[str], cutoff: datetime) -> EdgeOut:
     return EdgeOut(
         id=edge.id,
         online=as_utc(edge.last_seen) >= cutoff,
@@ -61,6 +64,8 @@ def edge_out(edge: Edge, cameras: list[str], cutoff: datetime) -> EdgeOut:
         filters_version=edge.filters_version,
         stats=edge.stats,
         cameras=cameras,
+        base_model=edge.base_model,
+        refused_filters=refused,
     )
 
 
@@ -72,3 +77,11 @@ def _camera_names(session: Session, edge_id: str | None = None) -> dict[str, lis
     for edge, name in session.execute(query):
         names.setdefault(edge, []).append(name)
     return names
+
+
+def _refused_filters(session: Session, edge_id: str | None = None) -> dict[str, list[str]]:
+    """Edge id -> the filters that target it trained on another base model (cloud.base_models)."""
+    refused: dict[str, list[str]] = {}
+    for mismatch in mismatches(session, stored_specs(session), edge_id):
+        refused.setdefault(mismatch.edge, []).append(mismatch.filter)
+    return refused

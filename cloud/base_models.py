@@ -1,0 +1,58 @@
+"""Filters against the base models of the edges they target: an MC's scores mean nothing on another base model's
+features, so an edge's MC bank refuses such a filter, and the registry refuses to store one.
+
+A filter targets an edge when it names one of the edge's cameras, or all cameras ('*'). Only filters that record
+their base model and edges that have reported theirs (on hello) are compared: the others cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, defer
+
+from cloud.db import Camera, Edge, Filter
+from cloud.publisher import stored_spec
+from models.filterspec import BaseModelId, FilterSpec
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A filter and an edge it targets that runs another base model than the filter was trained on."""
+
+    filter: str
+    filter_model: BaseModelId
+    edge: str
+    edge_model: BaseModelId
+
+
+def stored_specs(session: Session) -> list[FilterSpec]:
+    """The specs of every registered filter (an invalid stored one is logged and left out)."""
+    rows = session.scalars(select(Filter).options(defer(Filter.onnx)).order_by(Filter.name))
+    return [spec for row in rows if (spec := stored_spec(row)) is not None]
+
+
+def mismatches(session: Session, specs: Iterable[FilterSpec], edge: str | None = None) -> list[Mismatch]:
+    """Each (filter among `specs`, edge it targets) that disagree on the base model; only `edge` when given."""
+    query = select(Edge.id, Edge.base_model).order_by(Edge.id)
+    if edge is not None:
+        query = query.where(Edge.id == edge)
+    models = {edge_id: BaseModelId.model_validate(raw) for edge_id, raw in session.execute(query) if raw}
+    cameras: dict[str, set[str]] = defaultdict(set)
+    for edge_id, name in session.execute(select(Camera.edge_id, Camera.name).where(Camera.edge_id.in_(models))):
+        cameras[edge_id].add(name)
+    return [
+        Mismatch(spec.name, spec.base_model, edge_id, model)
+        for spec in specs
+        if spec.base_model is not None
+        for edge_id, model in models.items()
+        if model != spec.base_model and targets(spec, cameras[edge_id])
+    ]
+
+
+def targets(spec: FilterSpec, cameras: set[str]) -> bool:
+    """Whether a filter runs on an edge with these cameras."""
+    return "*" in spec.cameras or not cameras.isdisjoint(spec.cameras)
