@@ -118,7 +118,7 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     metrics_registry = CollectorRegistry(auto_describe=False)
     # "published" stays among the ingest's counts: the metric filterforward_ingest_total{count="published"} is kept
     counts = {"ingest": lambda: {**ingest.counts, **publisher.counts}, "notify": lambda: notifier.counts}
-    metrics_registry.register(ServiceCollector(sessions, config, counts))
+    metrics_registry.register(ServiceCollector(sessions, config, counts, ingest.last_heard))
     registry = Registry(sessions, config.max_upload_bytes, on_change=filters_changed.set)
     return Services(engine, sessions, store, storage, registry, notifier, ingest, publisher, metrics_registry)
 

@@ -35,6 +35,7 @@ from sqlalchemy.orm import sessionmaker
 
 from cloud.base_models import mismatches, stored_specs
 from cloud.config import CloudConfig
+from cloud.liveness import LastHeard
 from cloud.publisher import snapshot
 from cloud.sockets import HEADER_ROOM, bind_server
 from cloud.storage import Message, Notification, Storage, is_disk_full
@@ -107,6 +108,7 @@ class Ingest:
         self._disk_full = False  # in a full-disk episode: logged at its start and end only
         self.session_id = secrets.token_hex(8)  # the edges see it change when the cloud restarts
         self.counts = dict.fromkeys(COUNTS, 0)
+        self.last_heard = LastHeard()  # liveness that does not wait on a database write (see cloud.liveness)
         self._lock = threading.Lock()  # guards counts: the ZAP thread counts refusals
         self._unsaved: Counter[str] = Counter()  # persisted counts not yet written to the database
         self._logged: set[tuple[str, ...]] = set()  # refusal log lines already written (once per peer and reason)
@@ -256,6 +258,7 @@ class Ingest:
     def _dispatch(
         self, identity: bytes, frame: zmq.Frame, edge: str, header: Any, payload: bytes, batch: _Pass
     ) -> None:
+        self.last_heard.heard(edge)
         match header:
             case FrameHeader() | EventHeader() | FragmentHeader():
                 batch.messages.append((identity, Message(edge, header, payload)))

@@ -12,11 +12,12 @@ from datetime import datetime, timedelta
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.config import CloudConfig
 from cloud.db import Camera, Counter, Edge, Event, Filter, StoredFrame, utcnow
+from cloud.liveness import LastHeard
 from cloud.schemas import StatsOut
 
 PREFIX = "filterforward"
@@ -27,16 +28,17 @@ def online_cutoff(config: CloudConfig, now: datetime | None = None) -> datetime:
     return (now or utcnow()) - timedelta(seconds=config.zmq.edge_timeout)
 
 
-def service_stats(session: Session, config: CloudConfig) -> StatsOut:
+def service_stats(session: Session, config: CloudConfig, last_heard: LastHeard) -> StatsOut:
     def count(model: type, *where: object) -> int:
         return session.scalar(select(func.count()).select_from(model).where(*where)) or 0
 
+    cutoff = online_cutoff(config)
     frame_bytes = session.scalar(select(func.coalesce(func.sum(StoredFrame.size), 0))) or 0
     clip_bytes = session.scalar(select(func.coalesce(func.sum(Event.clip_size), 0))) or 0
     return StatsOut(
         filters=count(Filter),
         edges=count(Edge),
-        edges_online=count(Edge, Edge.last_seen >= online_cutoff(config)),
+        edges_online=count(Edge, or_(Edge.last_seen >= cutoff, Edge.id.in_(last_heard.since(cutoff)))),
         cameras=count(Camera),
         events=count(Event),
         frames=count(StoredFrame),
@@ -53,9 +55,11 @@ class ServiceCollector(Collector):
         sessions: sessionmaker,
         config: CloudConfig,
         counts: Mapping[str, Callable[[], Mapping[str, float]]],
+        last_heard: LastHeard,
     ) -> None:
         self._sessions = sessions
         self._config = config
+        self._last_heard = last_heard
         self._counts = counts  # source name ("ingest", "notify") -> its live counts
 
     def collect(self) -> Iterator[Metric]:
@@ -67,7 +71,7 @@ class ServiceCollector(Collector):
                 family.add_metric([name], float(value))
             yield family
         with self._sessions() as session:
-            stats = service_stats(session, self._config)
+            stats = service_stats(session, self._config, self._last_heard)
         stored = CounterMetricFamily(
             f"{PREFIX}_stored_counter", "persistent counters kept in the database", labels=["name"]
         )

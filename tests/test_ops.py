@@ -19,10 +19,11 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -35,12 +36,13 @@ from sqlalchemy import select
 from support import free_port, wait_until
 
 from cloud.config import CloudConfig, TokenConfig, ZmqConfig
-from cloud.db import Received, StoredFrame, make_engine, session_factory
+from cloud.db import Edge as EdgeRow
+from cloud.db import Received, StoredFrame, as_utc, make_engine, session_factory
 from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
 from cloud.storage import Storage
 from common.files import TEMPORARY
-from common.protocol import Ack, EventHeader, EventInfo, FrameHeader, decode, encode
+from common.protocol import Ack, EventHeader, EventInfo, FrameHeader, Heartbeat, Hello, decode, encode
 from edge.spool import DISK_HEADROOM, Spool
 from models.bundle import write_bundle
 
@@ -570,3 +572,54 @@ def test_filter_writes_on_a_full_database_disk_are_507_and_change_nothing(tmp_pa
         assert [f["name"] for f in client.get("/api/filters").json()] == ["late-a"]  # reads go on
         filler.unlink()
         assert client.post("/api/filters", data={"spec": other.model_dump_json()}, files=files).status_code == 201
+
+
+def test_an_edge_heard_while_its_heartbeats_cannot_be_written_stays_online(tmp_path: Path) -> None:
+    cloud_root = tmp_path / "cloud"
+    with (
+        small_disk(cloud_root / "data", "16m") as data,
+        run_cloud(cloud_root, zmq={"edge_timeout": 1.0}) as cloud,
+        cloud.client() as client,
+    ):
+        context = zmq.Context()
+        dealer = context.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{cloud.config.zmq.ingest_port}")
+        try:
+            dealer.send_multipart(encode(Hello(edge=EDGE, run="r1", cameras=[CAMERA])))
+            beat(dealer)
+            written = edge_last_seen(cloud)
+            filler = fill(data)
+            for _ in range(15):  # 3 s of heartbeats: three times the edge timeout
+                beat(dealer)
+                time.sleep(0.2)
+            edge = client.get(f"/api/edges/{EDGE}").json()
+            assert edge["online"] is True
+            assert datetime.fromisoformat(edge["last_seen"]) > written + timedelta(seconds=2)
+            assert [camera["online"] for camera in client.get("/api/cameras").json()] == [True]
+            assert client.get("/api/stats").json()["edges_online"] == 1
+            assert edge_last_seen(cloud) == written  # not one heartbeat could be written
+            assert "database or disk is full" in cloud.log_text()
+
+            time.sleep(1.5)  # silent for longer than the timeout: offline, full disk or not
+            assert client.get(f"/api/edges/{EDGE}").json()["online"] is False
+            filler.unlink()
+        finally:
+            context.destroy(linger=0)
+
+
+def beat(dealer: zmq.Socket) -> None:
+    """One heartbeat, and the cloud's answer to it."""
+    dealer.send_multipart(encode(Heartbeat(sender=EDGE)))
+    assert dealer.poll(WAIT * 1000), "no heartbeat answer"
+    header, _ = decode(dealer.recv_multipart())
+    assert isinstance(header, Heartbeat), header
+
+
+def edge_last_seen(cloud: CloudServer) -> datetime:
+    """The edge's last_seen as the database holds it."""
+    engine = make_engine(cloud.config.db_url)
+    try:
+        with session_factory(engine)() as session:
+            return as_utc(session.get(EdgeRow, EDGE).last_seen)
+    finally:
+        engine.dispose()

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from cloud.config import CloudConfig
 from cloud.framestore import FrameStore
+from cloud.liveness import LastHeard
 from cloud.registry import Registry
 
 
@@ -34,10 +35,15 @@ def get_store(request: Request) -> FrameStore:
     return request.app.state.services.store
 
 
+def get_last_heard(request: Request) -> LastHeard:
+    return request.app.state.services.ingest.last_heard
+
+
 ConfigDep = Annotated[CloudConfig, Depends(get_config)]
 SessionDep = Annotated[Session, Depends(get_session)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 StoreDep = Annotated[FrameStore, Depends(get_store)]
+LastHeardDep = Annotated[LastHeard, Depends(get_last_heard)]
 
 
 def not_found(message: str) -> HTTPException:

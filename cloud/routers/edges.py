@@ -10,34 +10,40 @@ from sqlalchemy.orm import Session
 
 from cloud.auth import require
 from cloud.base_models import mismatches, stored_specs
-from cloud.db import Camera, Edge, as_utc
+from cloud.db import Camera, Edge
 from cloud.metrics import online_cutoff
-from cloud.routers import ConfigDep, SessionDep, not_found
+from cloud.routers import ConfigDep, LastHeardDep, SessionDep, not_found
 from cloud.schemas import CameraOut, EdgeOut, errors
 
 router = APIRouter(tags=["edges"], dependencies=[Depends(require("read"))], responses=errors(400, 401, 403, 404, 422))
 
 
 @router.get("/edges")
-def list_edges(session: SessionDep, config: ConfigDep) -> list[EdgeOut]:
+def list_edges(session: SessionDep, config: ConfigDep, last_heard: LastHeardDep) -> list[EdgeOut]:
     edges = session.scalars(select(Edge).order_by(Edge.id)).all()
     cameras = _camera_names(session)
     refused = _refused_filters(session)
     cutoff = online_cutoff(config)
-    return [edge_out(edge, cameras.get(edge.id, []), refused.get(edge.id, []), cutoff) for edge in edges]
+    return [
+        edge_out(
+            edge, last_heard.latest(edge.id, edge.last_seen), cameras.get(edge.id, []), refused.get(edge.id, []), cutoff
+        )
+        for edge in edges
+    ]
 
 
 @router.get("/edges/{edge_id}")
-def get_edge(edge_id: str, session: SessionDep, config: ConfigDep) -> EdgeOut:
+def get_edge(edge_id: str, session: SessionDep, config: ConfigDep, last_heard: LastHeardDep) -> EdgeOut:
     edge = session.get(Edge, edge_id)
     if edge is None:
         raise not_found(f"no edge '{edge_id}' has connected: list the known edges with GET /api/edges")
     cameras = _camera_names(session, edge_id).get(edge_id, [])
-    return edge_out(edge, cameras, _refused_filters(session, edge_id).get(edge_id, []), online_cutoff(config))
+    refused = _refused_filters(session, edge_id).get(edge_id, [])
+    return edge_out(edge, last_heard.latest(edge_id, edge.last_seen), cameras, refused, online_cutoff(config))
 
 
 @router.get("/cameras")
-def list_cameras(session: SessionDep, config: ConfigDep) -> list[CameraOut]:
+def list_cameras(session: SessionDep, config: ConfigDep, last_heard: LastHeardDep) -> list[CameraOut]:
     cutoff = online_cutoff(config)
     rows = session.execute(
         select(Camera, Edge.last_seen).join(Edge, Edge.id == Camera.edge_id).order_by(Camera.edge_id, Camera.name)
@@ -47,7 +53,7 @@ def list_cameras(session: SessionDep, config: ConfigDep) -> list[CameraOut]:
             edge=camera.edge_id,
             name=camera.name,
             # The edge's liveness (heartbeats) and the camera's own state from the edge's last stats.
-            online=as_utc(edge_seen) >= cutoff and bool(camera.stats.get("online", True)),
+            online=last_heard.latest(camera.edge_id, edge_seen) >= cutoff and bool(camera.stats.get("online", True)),
             last_seen=camera.last_seen,
             stats=camera.stats,
         )
@@ -55,11 +61,12 @@ def list_cameras(session: SessionDep, config: ConfigDep) -> list[CameraOut]:
     ]
 
 
-def edge_out(edge: Edge, cameras: list[str], refused: list[str], cutoff: datetime) -> EdgeOut:
+def edge_out(edge: Edge, last_seen: datetime, cameras: list[str], refused: list[str], cutoff: datetime) -> EdgeOut:
+    """`last_seen`: when it was last heard, stored or in memory (cloud.liveness)."""
     return EdgeOut(
         id=edge.id,
-        online=as_utc(edge.last_seen) >= cutoff,
-        last_seen=edge.last_seen,
+        online=last_seen >= cutoff,
+        last_seen=last_seen,
         run=edge.run,
         filters_version=edge.filters_version,
         stats=edge.stats,
