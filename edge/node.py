@@ -208,6 +208,7 @@ class EdgeNode:
             while not self._stop.is_set():
                 frame = source.read(timeout=OFFLINE_POLL)
                 if frame is not None:
+                    pipeline.fps = pipeline.fps or source.fps  # a live camera's rate is known once it connects
                     failures = self._process(camera.name, pipeline, frame, failures)
                 elif source.ended:
                     break

@@ -31,6 +31,9 @@ from models.filterspec import FilterSpec
 from models.smoother import Event, Smoother
 
 log = logging.getLogger(__name__)
+# The rate given to the encoders of a live camera that reports none: presentation times come from the frames'
+# stream times, so it only sets x264's rate control and the slack of the keyframe and fragment timers.
+UNKNOWN_FPS = 25.0
 
 
 @dataclass
@@ -94,10 +97,16 @@ class CameraPipeline:
     """Runs every MC that applies to one camera on each of its frames and sends what they match."""
 
     def __init__(
-        self, camera: str, base: BaseDNN, bank: MCBank, sink: Sink, fps: float, upload: UploadSettings | None = None
+        self,
+        camera: str,
+        base: BaseDNN,
+        bank: MCBank,
+        sink: Sink,
+        fps: float | None,
+        upload: UploadSettings | None = None,
     ):
         self.camera = camera
-        self.fps = fps  # of the source, for event clips and the stream
+        self.fps = fps  # of the source, for event clips and the stream; None: not known (yet)
         self.base = base
         self.bank = bank
         self.sink = sink
@@ -160,7 +169,8 @@ class CameraPipeline:
         for name in matched:
             track = self._tracks[name]
             if track.spec.encoding.kind == "clip":
-                track.clip = track.clip or ClipEncoder(frame.image.shape[1], frame.image.shape[0], self.fps)
+                height, width = frame.image.shape[:2]
+                track.clip = track.clip or ClipEncoder(width, height, self.fps or UNKNOWN_FPS)
                 track.clip.add(frame.image)
         events = sorted({t.event_id for n in matched if (t := self._tracks[n]).event_id is not None})
         # Frames go in the stream once and in order. One already sent travels as metadata only; one a stream
@@ -180,7 +190,7 @@ class CameraPipeline:
         if self._stream is None:
             u = self.upload
             self._stream = StreamEncoder(
-                self.fps, u.crf, u.preset, u.keyframe_interval, u.fragment_seconds, u.bitrate_cap
+                self.fps or UNKNOWN_FPS, u.crf, u.preset, u.keyframe_interval, u.fragment_seconds, u.bitrate_cap
             )
         return self._stream
 

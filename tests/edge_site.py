@@ -3,17 +3,20 @@ the checks on what reached the cloud. Every part runs as a real process (`filter
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import cv2
+import numpy as np
 import yaml
 from cloud_server import REPO, CloudServer, write_config
 from sqlalchemy import select
 
-from cloud.db import Received, StoredFrame, make_engine
+from cloud.db import Fragment, Received, StoredFrame, make_engine
 from edge.spool import Spool
 
 EDGE = "edge-1"
@@ -52,12 +55,7 @@ class Site:
         return (self.root / "edge.log").read_text()
 
     def stored(self) -> list[StoredFrame]:
-        engine = make_engine(self.cloud.config.db_url)
-        try:
-            with engine.connect() as connection:
-                return list(connection.execute(select(StoredFrame).order_by(StoredFrame.seq)).all())
-        finally:
-            engine.dispose()
+        return stored_rows(self.cloud, StoredFrame)
 
     def received_seqs(self) -> list[int]:
         engine = make_engine(self.cloud.config.db_url)
@@ -70,6 +68,16 @@ class Site:
 
     def spool(self) -> Spool:
         return Spool(self.root / "spool", 2**30)
+
+
+def stored_rows(cloud: CloudServer, table: type[StoredFrame] | type[Fragment]) -> list:
+    """Every row of the cloud's frames or fragments table, in seq order."""
+    engine = make_engine(cloud.config.db_url)
+    try:
+        with engine.connect() as connection:
+            return list(connection.execute(select(table).order_by(table.seq)).all())
+    finally:
+        engine.dispose()
 
 
 def make_site(root: Path, source: Path | str, pacing: str, timeout: float = 15.0, **cloud_settings: object) -> Site:
@@ -127,3 +135,44 @@ def assert_exactly_once(site: Site) -> None:
         spool.close()
     frames = site.stored()
     assert len({f.seq for f in frames}) == len(frames)
+    assert_images(site.cloud)
+
+
+def assert_images(cloud: CloudServer, complete: bool = True) -> None:
+    """Each stream fragment is stored once and, read in seq order, in stream order per edge run and camera; each
+    run's stream starts with a GOP (an edge restart starts a new one); every matched frame has its image (a
+    JPEG, or a place in a stored fragment) and every one of them is served as a JPEG by /api/frames/{id}.jpg.
+    Not `complete`: retention has deleted the oldest payloads, so only the fragments left are checked."""
+    fragments = stored_rows(cloud, Fragment)
+    assert len({f.seq for f in fragments}) == len(fragments), "a fragment was stored twice"
+    streams: dict[tuple[str, str], list[Fragment]] = {}
+    for fragment in fragments:
+        streams.setdefault((fragment.run, fragment.camera), []).append(fragment)
+    for stream in streams.values():
+        assert stream[0].starts_gop or not complete, "a run's stream does not start with a keyframe"
+        # Read in seq order (as the cloud joins and decodes them) they are the camera's stream in order. (The
+        # order of storing may differ: a fragment a full disk refused is stored when resent, maybe after the
+        # next one, if space was freed in between.)
+        assert all(a.last_frame < b.first_frame for a, b in itertools.pairwise(stream)), "fragments out of order"
+    if not complete:
+        return
+    frames = stored_rows(cloud, StoredFrame)
+    without = [f.frame_index for f in frames if f.path is None and f.fragment_id is None]
+    assert not without, f"matched frames stored without an image: {without[:10]}"
+    held = {f.id: f for f in fragments}
+    for frame in frames:
+        if frame.fragment_id is not None:
+            holder = held[frame.fragment_id]
+            assert (holder.run, holder.camera) == (frame.run, frame.camera)
+            assert holder.first_frame <= frame.frame_index <= holder.last_frame
+    with cloud.client() as client:
+        shapes = {decoded_shape(client.get(f"/api/frames/{frame.id}.jpg")) for frame in frames}
+    assert len(shapes) <= 1, f"frames decoded at different sizes: {shapes}"
+
+
+def decoded_shape(response) -> tuple[int, ...]:
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "image/jpeg"
+    image = cv2.imdecode(np.frombuffer(response.content, np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None, "not a JPEG"
+    return image.shape

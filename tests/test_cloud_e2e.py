@@ -3,7 +3,9 @@ replaying the real car clip, a red-vehicle filter trained by `filterforward trai
 keys made by `filterforward keys create`.
 
 Exactly once is checked on the edge's own sequence numbers: every seq the edge ever assigned is stored by the
-cloud once (the `received` table is keyed on it), and the edge's spool is empty when it exits.
+cloud once (the `received` table is keyed on it), and the edge's spool is empty when it exits; with the default
+encoding (the camera's H.264 stream) each fragment is stored once, in stream order, and every matched frame is
+served as a JPEG decoded from its GOP (tests/edge_site.py). One filter sends JPEGs (`encoding: jpeg`).
 """
 
 from __future__ import annotations
@@ -65,9 +67,10 @@ def test_matched_frames_arrive_as_events_jpegs_and_mqtt_messages(
     subscriber = MqttSubscriber(prefix)
     site.cloud.start()
     try:
-        site.register(red_bundle, name="red-car")
+        site.register(with_encoding(red_bundle, "jpeg", tmp_path / "jpeg"), name="red-car")
         finish(site, site.start_edge())
         assert_exactly_once(site)
+        assert all(f.path and f.fragment_id is None for f in site.stored())  # JPEGs, no stream
         check_events_and_frames(site)
         check_notifications(site, subscriber.take_timed(2))
     finally:
@@ -75,15 +78,15 @@ def test_matched_frames_arrive_as_events_jpegs_and_mqtt_messages(
         site.cloud.stop()
 
 
-def test_a_stream_filter_s_frames_arrive_in_fragments_and_decode_in_the_cloud(
+def test_a_default_filter_s_frames_arrive_in_fragments_and_decode_in_the_cloud(
     tmp_path: Path, gate_clip: Path, red_bundle: Path, intel_car: Path
 ) -> None:
     site = make_site(tmp_path, gate_clip, "realtime")
     site.cloud.start()
     try:
-        site.register(with_encoding(red_bundle, "stream", tmp_path / "stream"), name="red-stream")
+        site.register(red_bundle, name="red-stream")  # trained with the default encoding: the stream
         finish(site, site.start_edge())
-        assert_exactly_once(site)  # the fragments' seqs included
+        assert_exactly_once(site)  # the fragments' seqs included, and every frame decoded
         with site.cloud.client() as client:
             (event,) = client.get("/api/events", params={"filter": "red-stream"}).json()["items"]
             frames = client.get(f"/api/events/{event['id']}/frames").json()
@@ -134,8 +137,9 @@ def check_events_and_frames(site: Site) -> None:
         assert [c["name"] for c in cameras] == [CAMERA] and not cameras[0]["online"]  # its clip ended
 
 
-def test_cloud_killed_mid_stream_loses_nothing(site: Site, red_bundle: Path) -> None:
-    site.register(red_bundle, name="red-car")
+@pytest.mark.parametrize("encoding", ["stream", "jpeg"])
+def test_cloud_killed_mid_stream_loses_nothing(site: Site, red_bundle: Path, encoding: str, tmp_path: Path) -> None:
+    site.register(with_encoding(red_bundle, encoding, tmp_path / encoding), name="red-car")
     edge = site.start_edge()
     try:
         wait_until(lambda: len(site.stored()) > 0, "the first matched frame", timeout=120)

@@ -1,9 +1,11 @@
 """Operations: graceful shutdown and restart of a real `filterforward edge run`, its /metrics, and full disks.
 
 The process tests run a real cloud (`filterforward cloud serve`, insecure ZeroMQ on loopback) and a real edge
-replaying the real car clip with an always-firing filter, so every processed frame goes up. Nothing lost is
-checked on the edge's own sequence numbers: every seq the edge assigned from its first start on is in the
-cloud's `received` table and the spool is empty at the end. The full disks are real: a small tmpfs mounted
+replaying the real car clip with an always-firing filter, so every processed frame goes up (in the camera's
+H.264 stream, the default encoding; one full-disk case also as JPEGs). Nothing lost is checked on the edge's own
+sequence numbers: every seq the edge assigned from its first start on is in the cloud's `received` table and
+the spool is empty at the end; each stream fragment is stored once and in order, and every frame decodes
+(tests/edge_site.py). The full disks are real: a small tmpfs mounted
 for the test (root only; skipped otherwise).
 """
 
@@ -31,13 +33,14 @@ import pytest
 import yaml
 import zmq
 from cloud_server import REPO, CloudServer, run_cloud, write_config
+from edge_site import assert_images, stored_rows
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 from support import free_port, wait_until
 
 from cloud.config import CloudConfig, TokenConfig, ZmqConfig
 from cloud.db import Edge as EdgeRow
-from cloud.db import Received, StoredFrame, as_utc, make_engine, session_factory
+from cloud.db import Fragment, Received, StoredFrame, as_utc, make_engine, session_factory
 from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
 from cloud.storage import Storage
@@ -179,8 +182,15 @@ def scrape(url: str) -> Samples:
 
 @pytest.fixture(scope="module")
 def always_bundle(make_filter, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Fires on every frame, with the default encoding (the stream)."""
     spec, onnx = make_filter("full_frame", "late", SIZE, name="always", bias=10.0)
     return write_bundle(tmp_path_factory.mktemp("always") / "always", spec, onnx)
+
+
+@pytest.fixture(scope="module")
+def always_jpeg_bundle(make_filter, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec, onnx = make_filter("full_frame", "late", SIZE, name="always", bias=10.0, encoding={"kind": "jpeg"})
+    return write_bundle(tmp_path_factory.mktemp("always-jpeg") / "always", spec, onnx)
 
 
 @pytest.fixture
@@ -250,6 +260,7 @@ def test_sigterm_mid_stream_closes_the_event_loses_nothing_and_metrics_were_live
         (event,) = events(cloud)
         assert not event["open"] and event["end_frame"] < 376, "the event was not closed, or the clip ended first"
         assert_all_delivered(edge, cloud, first)
+        assert_images(cloud)
     assert "Traceback" not in edge.log()
 
 
@@ -317,6 +328,8 @@ def test_sigterm_with_the_cloud_down_keeps_the_spool_and_a_restart_sends_it_firs
         assert max(at[seq] for seq in kept) <= min(t for seq, t in at.items() if seq > max(kept)), (
             "a new message was stored before the spooled ones"
         )
+        assert_images(cloud)  # the restarted edge's stream starts with a new GOP
+        assert len({f.run for f in stored_rows(cloud, Fragment)}) == 2
     finally:
         if cloud.process is not None and cloud.process.poll() is None:
             assert cloud.stop() == 0, cloud.log_text()
@@ -325,9 +338,11 @@ def test_sigterm_with_the_cloud_down_keeps_the_spool_and_a_restart_sends_it_firs
 # -- full disks --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("encoding", ["stream", "jpeg"])
 def test_cloud_frame_store_full_then_freed_stores_every_frame(
-    tmp_path: Path, edge: Edge, clip: Path, always_bundle: Path
+    tmp_path: Path, edge: Edge, clip: Path, request: pytest.FixtureRequest, encoding: str
 ) -> None:
+    always_bundle = request.getfixturevalue({"stream": "always_bundle", "jpeg": "always_jpeg_bundle"}[encoding])
     cloud_root = tmp_path / "cloud"
     with small_disk(cloud_root / "data" / "frames", "32m") as frames:
         filler = fill(frames)
@@ -345,16 +360,21 @@ def test_cloud_frame_store_full_then_freed_stores_every_frame(
             edge.terminate()
             assert edge.exit_code() == 0, edge.log()
             assert "stopping at once (asked again)" in edge.log() and "stay spooled" in edge.log()
-            assert edge.spooled() and not stored_frames(cloud)  # (the event's start, without a file, is stored)
+            # Only messages without a file were stored: the event's start, and with the stream the frames' rows.
+            assert edge.spooled() and not any(f.path for f in stored_frames(cloud))
+            assert not stored_rows(cloud, Fragment)
 
-            kept = edge.spooled()
+            kept, second = edge.spooled(), first_seq(edge)
             filler.unlink()
             edge.start()
-            wait_until(lambda: len(received(cloud)) > len(kept) + 20, "the spooled and some new frames", WAIT)
+            new = lambda: [seq for seq in received(cloud) if seq >= second]  # noqa: E731
+            wait_until(lambda: set(kept) <= set(received(cloud)) and len(new()) > 20, "the spooled and new ones", WAIT)
             edge.terminate()
             assert edge.exit_code() == 0, edge.log()
             assert_all_delivered(edge, cloud, first)
-            assert all(frame.path and (frames / frame.path).is_file() for frame in stored_frames(cloud))
+            assert_images(cloud)  # refused fragments were resent, and stored once and in order
+            stored = [f.path for f in stored_frames(cloud)] + [f.path for f in stored_rows(cloud, Fragment)]
+            assert all((frames / path).is_file() for path in stored if path)
             log = cloud.log_text()
         assert log.count("is full (No space left on device)") == 1, log  # once for the episode
         assert "ingest: storing again" in log
@@ -377,6 +397,7 @@ def test_a_full_frame_store_runs_retention_early_and_the_cloud_keeps_storing(
         edge.terminate()
         assert edge.exit_code() == 0, edge.log()
         assert_all_delivered(edge, cloud, first)
+        assert_images(cloud, complete=False)  # retention deleted the oldest fragments: what is left is in order
         assert "retention deleted" in cloud.log_text().split("running a retention sweep now", 1)[1]
 
 
@@ -505,7 +526,10 @@ def test_a_frame_that_fails_is_skipped_and_the_camera_goes_on(
     from edge.config import CameraConfig, EdgeConfig, SinkConfig
     from edge.node import EdgeNode
 
-    bundle = write_bundle(tmp_path / "always", *make_filter("full_frame", "late", (128, 96), name="always", bias=10.0))
+    jpeg = {"kind": "jpeg"}  # a JPEG file per frame, each of which fails
+    bundle = write_bundle(
+        tmp_path / "always", *make_filter("full_frame", "late", (128, 96), name="always", bias=10.0, encoding=jpeg)
+    )
     sink = tmp_path / "out"
     (sink / "frames").mkdir(parents=True)
     (sink / "frames" / "gate").write_text("not a folder")
