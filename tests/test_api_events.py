@@ -65,6 +65,7 @@ class Feed:
         payload: str = "jpeg",
         end: bool = True,
         clip: bytes = b"",
+        first_frame: int = 100,
     ) -> None:
         info = EventInfo(
             id=event_id, filter=filter_name, camera=camera, start_frame=100, start_time=10.0, peak_score=0.9
@@ -77,7 +78,7 @@ class Feed:
                 run=RUN,
                 seq=self.next_seq(),
                 camera=camera,
-                frame=100 + index,
+                frame=first_frame + index,
                 timestamp=10.0 + index / 10,
                 wall_time=start + index / 10,
                 scores={filter_name: 0.8 + index / 100},
@@ -140,7 +141,8 @@ def populate(server: CloudServer) -> Scene:
     feed.event("e2", "cam-a", "blue", T0 + 60)
     feed.event("e3", "cam-b", "red", T0 + 120)
     feed.event("e4", "cam-a", "red", T0 + 120)  # same start as e3: pages must split ties by id
-    feed.event("e5", "cam-b", "red", T0 + 180, frames=2, payload="none")  # no JPEGs, no clip
+    # No JPEGs, no clip; frames no other event of cam-b holds (a later match of a frame shares its image).
+    feed.event("e5", "cam-b", "red", T0 + 180, frames=2, payload="none", first_frame=500)
     clip = encode_clip([(index / 10, jpeg(100 + index)) for index in range(5)])
     feed.event("e6", "cam-b", "blue", T0 + 240, frames=1, payload="none", clip=clip)
     feed.event("e7", "cam-a", "red", T0 + 300, frames=4)
