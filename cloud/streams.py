@@ -34,6 +34,17 @@ def frame_image(session: Session, store: FrameStore, frame: StoredFrame) -> byte
     return jpeg
 
 
+def frame_crop(session: Session, store: FrameStore, frame: StoredFrame) -> wire.Crop | None:
+    """The part of the camera's frame its image shows: the crop of the fragment holding it (`upload: {crop:
+    roi}` on the edge); None for the whole frame (or a frame sent as JPEG)."""
+    if frame.fragment_id is None or (holding := session.get(Fragment, frame.fragment_id)) is None:
+        return None
+    try:
+        return wire.unpack(store.open_path(holding.path).read_bytes()).header.crop
+    except (OSError, wire.FragmentError):
+        return None  # removed meanwhile (retention): the image itself says so
+
+
 def event_video(session: Session, store: FrameStore, frames: Sequence[StoredFrame]) -> bytes | None:
     """One MP4 of the stream from the GOP holding the event's first streamed frame through its last one (frames
     other filters matched in between included); None if none of its frames travelled in the stream."""

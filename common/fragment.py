@@ -4,7 +4,8 @@ The edge encodes the frames its filters match, per camera, as one inter-frame-co
 parameter sets repeated at every keyframe) and cuts it into fragments of about a second. A fragment holds
 whole access units in decoding order; it may depend on the earlier fragments of its GOP (`gop`, counted per
 camera from the edge's start), never on another GOP. Its bytes are a 4-byte big-endian header length, a
-UTF-8 JSON header (`FragmentHeader`) and the access units back to back, sized by the header.
+UTF-8 JSON header (`FragmentHeader`) and the access units back to back, sized by the header. With the camera's
+`upload: {crop: roi}` the pictures show only a part of the camera's frame (`crop`, fixed for a GOP).
 """
 
 from __future__ import annotations
@@ -37,6 +38,28 @@ class FrameEntry(BaseModel):
     size: int = Field(ge=1, lt=2**31)
 
 
+class Crop(BaseModel):
+    """The part of the camera's frame a GOP's pictures show, in the camera frame's pixels (before any upload
+    scale): the box at (x, y), `width` x `height`, of a `frame_width` x `frame_height` frame."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    x: int = Field(ge=0, le=16384)
+    y: int = Field(ge=0, le=16384)
+    width: int = Field(ge=1, le=16384)
+    height: int = Field(ge=1, le=16384)
+    frame_width: int = Field(ge=1, le=16384)
+    frame_height: int = Field(ge=1, le=16384)
+
+    @model_validator(mode="after")
+    def _inside(self) -> Crop:
+        if self.x + self.width > self.frame_width or self.y + self.height > self.frame_height:
+            raise ValueError(f"crop {self.describe()} does not fit its frame")
+        return self
+
+    def describe(self) -> str:
+        return f"{self.width}x{self.height} at ({self.x}, {self.y}) of {self.frame_width}x{self.frame_height}"
+
+
 class FragmentHeader(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     gop: int = Field(ge=0, lt=2**63)
@@ -44,6 +67,7 @@ class FragmentHeader(BaseModel):
     height: int = Field(ge=2, le=16384, multiple_of=2)
     fps: str = Field(pattern=r"^[1-9][0-9]{0,5}/[1-9][0-9]{0,4}$")  # the encoder's frame rate, exact
     frames: list[FrameEntry] = Field(min_length=1, max_length=100_000)
+    crop: Crop | None = None  # None: the whole frame
 
     @model_validator(mode="after")
     def _in_stream_order(self) -> FragmentHeader:
@@ -69,7 +93,7 @@ class Fragment:
     @cached_property
     def packed(self) -> bytes:
         """Its wire bytes, made once: the pipeline counts them and the uplink sends them."""
-        header = self.header.model_dump_json().encode()
+        header = self.header.model_dump_json(exclude_none=True).encode()  # no crop: as before crops existed
         return LENGTH.pack(len(header)) + header + b"".join(self.units)
 
 

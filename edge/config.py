@@ -28,7 +28,12 @@ class UploadSettings(BaseModel):
     )
     keyframe_interval: float = Field(10.0, gt=0, le=600, description="seconds between keyframes inside an event")
     fragment_seconds: float = Field(1.0, ge=0.1, le=10, description="a fragment is sent once it spans this")
-    scale: float = Field(1.0, gt=0, le=1, description="upload size as a fraction of the decoded frame's")
+    scale: float = Field(1.0, gt=0, le=1, description="upload size as a fraction of the decoded frame's (or crop's)")
+    crop: Literal["none", "roi"] = Field(
+        "none",
+        description="roi: send only the box around the union of the camera's stream filters' ROIs (a new box "
+        "starts a new GOP); none: the whole frame",
+    )
 
 
 class CameraSettings(BaseModel):

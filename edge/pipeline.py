@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from common.fragment import Fragment, pack
+from common.fragment import Crop, Fragment, pack
 from edge.config import UploadSettings
 from edge.encoder import ClipEncoder, encode_jpeg
 from edge.mcbank import CameraState, LoadedMC, MCBank
 from edge.sink import MatchedFrame, Sink
 from edge.sources import Frame
-from edge.stream_encoder import StreamEncoder
+from edge.stream_encoder import StreamEncoder, roi_crop
 from models.basednn import BaseDNN
 from models.filterspec import FilterSpec
 from models.smoother import Event, Smoother
@@ -184,7 +184,9 @@ class CameraPipeline:
         self.sink.frame(MatchedFrame(self.camera, frame.index, frame.timestamp, matched, events, jpeg))
         if stream:  # after the frame's message: the cloud links the frames a fragment holds when it arrives
             self._streamed = frame.index
-            self._emit(self._stream_encoder().add(self._upload_image(frame), frame.index, frame.timestamp))
+            crop = self._crop(frame)
+            image = self._upload_image(frame, crop)
+            self._emit(self._stream_encoder().add(image, frame.index, frame.timestamp, crop))
 
     def _stream_encoder(self) -> StreamEncoder:
         if self._stream is None:
@@ -194,12 +196,23 @@ class CameraPipeline:
             )
         return self._stream
 
-    def _upload_image(self, frame: Frame) -> np.ndarray:
+    def _crop(self, frame: Frame) -> Crop | None:
+        """With `crop: roi`, the part of the frame the camera's stream filters look at (their ROIs' box)."""
+        if self.upload.crop == "none":
+            return None
+        rois = [t.spec.roi for t in self._tracks.values() if t.spec.encoding.kind == "stream"]
+        return roi_crop(rois, frame.image.shape[1], frame.image.shape[0])
+
+    def _upload_image(self, frame: Frame, crop: Crop | None) -> np.ndarray:
+        image = frame.image
+        if crop is not None:
+            image = image[crop.y : crop.y + crop.height, crop.x : crop.x + crop.width]
         if self.upload.scale == 1:
-            return frame.image
-        height, width = frame.image.shape[:2]
-        size = (max(2, round(width * self.upload.scale)), max(2, round(height * self.upload.scale)))
-        return cv2.resize(frame.image, size, interpolation=cv2.INTER_AREA)
+            return image
+        height, width = image.shape[:2]
+        # Even sides: the encoder would otherwise pad a row or column of repeated pixels.
+        size = (max(2, round(width * self.upload.scale / 2) * 2), max(2, round(height * self.upload.scale / 2) * 2))
+        return cv2.resize(image, size, interpolation=cv2.INTER_AREA)
 
     def _emit(self, fragment: Fragment | None) -> None:
         """Send a closed fragment of the camera's stream."""

@@ -89,6 +89,7 @@ class FolderSink:
                 "gop": header.gop,
                 "frames": frames,
                 "file": str(path.relative_to(self.root)),
+                "crop": header.crop.model_dump() if header.crop else None,  # the part of the frame it shows
             }
         )
 

@@ -5,21 +5,25 @@ forced only where a reader must be able to start: at each event start (`new_gop(
 `keyframe_interval` seconds of stream time so a long event stays seekable. x264 runs with zero latency
 (no B-frames, no look-ahead, one thread): every frame's access unit comes out of `add()` at once, so a fragment can be
 closed and sent as soon as it spans `fragment_seconds`, or when the uplink cuts it (an event ended, the
-camera went idle). Frames are BGR uint8 arrays of one size per camera.
+camera went idle). Frames are BGR uint8 arrays of one size per GOP: with `upload: {crop: roi}` they are the
+part of the camera's frame its stream filters look at (`roi_crop`), and a new crop starts a new GOP.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from fractions import Fraction
 
 import av
 import numpy as np
 from av.video.codeccontext import VideoCodecContext
 
-from common.fragment import Fragment, FragmentHeader, FrameEntry
+from common.fragment import Crop, Fragment, FragmentHeader, FrameEntry
 from common.video import even
 from edge.encoder import CODEC, DEFAULT_PRESET, PIXEL_FORMAT, check_settings, rate, video_frame
 from models.errors import FilterForwardError
+from models.roi import ROI
 
 FRAGMENT_SECONDS = 1.0
 KEYFRAME_INTERVAL = 10.0  # seconds of stream time between keyframes inside one long event
@@ -49,6 +53,7 @@ class StreamEncoder:
         self._context: VideoCodecContext | None = None
         self._frame_size = self._size = (0, 0)  # the camera's frames; the encoded (even) size
         self._gop = -1  # counted from this encoder's start: an edge restart starts a new GOP
+        self._crop: Crop | None = None  # the part of the camera's frame this GOP shows (None: all of it)
         self._keyframe_time = -np.inf
         self._force_keyframe = True
         self._entries: list[FrameEntry] = []
@@ -60,14 +65,20 @@ class StreamEncoder:
         self._force_keyframe = True
         return self.cut()
 
-    def add(self, frame_bgr: np.ndarray, index: int, time: float) -> Fragment | None:
-        """Encode the camera's frame `index` (stream time `time` in seconds); a fragment if this closed one."""
-        context = self._open(frame_bgr)
+    def add(self, frame_bgr: np.ndarray, index: int, time: float, crop: Crop | None = None) -> Fragment | None:
+        """Encode the camera's frame `index` (stream time `time` in seconds), or its part `crop` (`frame_bgr` is
+        that part, maybe scaled); a fragment if this closed one. Another crop than the GOP's starts a new GOP."""
         closed = None
+        if crop != self._crop:
+            closed = self.new_gop()
+            self._crop = crop
+            if self._context is not None and frame_bgr.shape[1::-1] != self._frame_size:
+                self._context = None  # another size: a new encoder, its parameter sets in the new keyframe
+        context = self._open(frame_bgr)
         # Half a frame of slack: stream times are floats (frame index / fps).
         keyframe = self._force_keyframe or time - self._keyframe_time >= self.keyframe_interval - 0.5 / self.fps
         if keyframe:
-            closed = self.cut()  # a fragment never spans two GOPs
+            closed = closed or self.cut()  # a fragment never spans two GOPs
             self._gop += 1
             self._keyframe_time = time
             self._force_keyframe = False
@@ -96,6 +107,7 @@ class StreamEncoder:
             height=height,
             fps=f"{self.fps.numerator}/{self.fps.denominator}",
             frames=self._entries,
+            crop=self._crop,
         )
         fragment = Fragment(header, tuple(self._units))
         self._entries, self._units = [], []
@@ -106,8 +118,8 @@ class StreamEncoder:
         if self._context is not None:
             if (width, height) != self._frame_size:
                 raise FilterForwardError(
-                    f"a camera's frames must keep one size: got {width}x{height} after {self._frame_size[0]}x"
-                    f"{self._frame_size[1]}"
+                    f"a camera's frames must keep one size within a crop: got {width}x{height} after "
+                    f"{self._frame_size[0]}x{self._frame_size[1]}"
                 )
             return self._context
         crf, preset, bitrate_cap = self._settings
@@ -126,3 +138,28 @@ class StreamEncoder:
         context.options = {"preset": preset, "crf": str(crf), "x264-params": params}
         self._context, self._frame_size, self._size = context, (width, height), (context.width, context.height)
         return context
+
+
+def roi_crop(rois: Iterable[ROI], width: int, height: int) -> Crop | None:
+    """The box around the union of `rois` (normalised) on a `width` x `height` frame, with an even offset and
+    even sides (H.264 in yuv420p codes 2x2 pixel blocks; at the border of an odd-sized frame the box gives up
+    its last pixel rather than run over); None when the ROIs cover the whole frame or there is none."""
+    boxes = [(roi.x0, roi.y0, roi.x1, roi.y1) for roi in rois]
+    if not boxes:
+        return None
+    x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
+    x1, y1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
+    if x0 <= 0 and y0 <= 0 and x1 >= 1 and y1 >= 1:
+        return None
+    left, right = _even_span(x0, x1, width)
+    top, bottom = _even_span(y0, y1, height)
+    return Crop(x=left, y=top, width=right - left, height=bottom - top, frame_width=width, frame_height=height)
+
+
+def _even_span(start: float, stop: float, size: int) -> tuple[int, int]:
+    """Pixels [first, last) covering the normalised span [start, stop) of a side of `size` pixels."""
+    first = min(math.floor(start * size), max(0, size - 2)) // 2 * 2
+    last = first + even(max(2, math.ceil(stop * size) - first))
+    if last > size:
+        last = size - (size - first) % 2
+    return first, last

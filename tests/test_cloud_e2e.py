@@ -22,8 +22,9 @@ import av
 import cv2
 import numpy as np
 import pytest
+import yaml
 from edge_site import CAMERA, EDGE, INPUT_SIZE, Site, assert_exactly_once, finish, make_site
-from support import BROKER, MqttSubscriber, wait_until, with_encoding
+from support import BROKER, MqttSubscriber, clip_frames, wait_until, with_encoding
 
 from models.bundle import write_bundle
 from models.datasets import open_dataset
@@ -196,3 +197,32 @@ def test_filters_added_and_removed_while_the_edge_runs(
         red = client.get("/api/events", params={"filter": "red-car"}).json()["items"]
     assert stats["dropped"] == 0
     assert red and all(not e["open"] for e in red), "the removed filter's event was not closed"
+
+
+def test_a_stream_cropped_to_the_roi_serves_the_crop_and_says_which_part_it_is(
+    tmp_path: Path, short_clip: Path, make_filter
+) -> None:
+    roi = {"x0": 0.5, "y0": 0.25, "x1": 1.0, "y1": 0.75}  # of the clip's 384x216 frames: 192x108 at (192, 54)
+    spec, onnx = make_filter("full_frame", "late", INPUT_SIZE, name="right", bias=10.0, roi=roi)
+    bundle = write_bundle(tmp_path / "right", spec, onnx)
+    site = make_site(tmp_path, short_clip, "every-frame")
+    config = yaml.safe_load(site.edge_config.read_text())
+    site.edge_config.write_text(yaml.safe_dump({**config, "defaults": {"upload": {"crop": "roi"}}}))
+    site.cloud.start()
+    try:
+        site.register(bundle)
+        finish(site, site.start_edge())
+        assert_exactly_once(site)  # every frame decodes, all at one size
+        with site.cloud.client() as client:
+            (event,) = client.get("/api/events", params={"filter": "right"}).json()["items"]
+            frames = client.get(f"/api/events/{event['id']}/frames").json()
+            image = client.get(frames[len(frames) // 2]["image_url"])
+            assert image.headers["x-crop"] == "x=192,y=54,width=192,height=108,frame_width=384,frame_height=216"
+            decoded = cv2.imdecode(np.frombuffer(image.content, np.uint8), cv2.IMREAD_COLOR)
+            original = clip_frames(short_clip, 0, 40, (384, 216))[frames[len(frames) // 2]["frame_index"]]
+            assert np.abs(decoded.astype(int) - original[54:162, 192:384].astype(int)).mean() < 8
+            with av.open(io.BytesIO(client.get(event["clip_url"]).content)) as container:
+                pictures = [p.to_ndarray(format="bgr24") for p in container.decode(video=0)]
+            assert len(pictures) == len(frames) and pictures[0].shape == (108, 192, 3)
+    finally:
+        site.cloud.stop()

@@ -168,3 +168,12 @@ def test_the_example_files_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     cloud = load_cloud_config(DEPLOY / "cloud.example.yaml")
     assert [token.token for token in cloud.tokens] == ["o" * 32, "d" * 32]
     assert cloud.zmq.edge_keys.resolve() == DEPLOY.parent / "keys" / "edges"
+
+
+def test_upload_crop_is_checked_at_load(tmp_path: Path) -> None:
+    config = load_edge_config(
+        write(tmp_path, EDGE.replace("  fps: 8\n", "  fps: 8\n  upload: {crop: roi, scale: 0.5}\n"))
+    )
+    assert [(c.upload.crop, c.upload.scale) for c in config.cameras] == [("roi", 0.5), ("roi", 0.5)]
+    message = edge_error(tmp_path, EDGE.replace("  fps: 8\n", "  fps: 8\n  upload: {crop: box}\n"))
+    assert ", line 5: defaults.upload.crop: Input should be 'none' or 'roi'" in message and "\n" not in message

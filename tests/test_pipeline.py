@@ -182,3 +182,38 @@ def test_a_frame_two_encodings_match_goes_out_once(eager, short_clip, base, make
     units = sum((tmp_path / r["file"]).stat().st_size for r in records if r["type"] == "fragment")
     on_disk = sum(path.stat().st_size for path in (tmp_path / "frames").rglob("*.jpg"))
     assert units + on_disk < pipeline.stats.bytes_out < units + on_disk + 2000 * (len(streamed) // 10 + 2)
+
+
+def test_upload_crop_roi_sends_the_box_around_the_stream_filters_rois(short_clip, base, make_filter, tmp_path) -> None:
+    """With `crop: roi` the stream shows the part of the frame the stream filters look at, at the upload scale;
+    a filter added mid-clip widens the box, and the new box starts a new GOP."""
+    right = {"x0": 0.5, "y0": 0.25, "x1": 1.0, "y1": 0.75}
+    left = {"x0": 0.0, "y0": 0.5, "x1": 0.25, "y1": 1.0}
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("full_frame", "late", SIZE, name="right", bias=10.0, roi=right))
+    bank.put(*make_filter("full_frame", "late", SIZE, name="whole", bias=10.0, encoding=JPEG))  # not in the box
+    sink = FolderSink(tmp_path)
+    with open_source(str(short_clip), pacing="every-frame") as source:
+        pipeline = CameraPipeline("cam", base, bank, sink, source.fps, UploadSettings(crop="roi", scale=0.5))
+        for frame in source:
+            if frame.index == 20:
+                bank.put(*make_filter("full_frame", "late", SIZE, name="left", bias=10.0, roi=left))
+            pipeline.process(frame)
+    pipeline.end_events()
+    sink.close()
+    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    fragments = [r for r in records if r["type"] == "fragment"]
+    assert [i for r in fragments for i in r["frames"]] == list(range(40))  # the stream wins over the JPEG filter
+    box = {"frame_width": 384, "frame_height": 216}
+    first = {(r["gop"], tuple(r["crop"].values())) for r in fragments if r["frames"][0] < 20}
+    assert first == {(0, tuple({"x": 192, "y": 54, "width": 192, "height": 108, **box}.values()))}
+    later = [r for r in fragments if r["frames"][0] >= 20]
+    assert later[0]["frames"][0] == 20 and later[0]["gop"] == 1  # the box changed: a new GOP
+    assert {tuple(r["crop"].values()) for r in later} == {
+        tuple({"x": 0, "y": 54, "width": 384, "height": 162, **box}.values())
+    }
+    gops = {}
+    for r in fragments:
+        gops.setdefault(r["gop"], []).append(r)
+    shapes = {gop: {p.shape for p in decode_stream(tmp_path, rs)} for gop, rs in gops.items()}
+    assert shapes[0] == {(54, 96, 3)} and all(s == {(80, 192, 3)} for g, s in shapes.items() if g > 0)

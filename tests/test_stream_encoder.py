@@ -14,10 +14,11 @@ import pytest
 from support import clip_frames
 
 from cloud.fragments import frame_jpeg, join_mp4
-from common.fragment import Fragment, FragmentError, pack, unpack
+from common.fragment import Crop, Fragment, FragmentError, pack, unpack
 from edge.encoder import encode_jpeg
-from edge.stream_encoder import StreamEncoder
+from edge.stream_encoder import StreamEncoder, roi_crop
 from models.errors import FilterForwardError
+from models.roi import ROI
 
 FPS = 12.5
 SIZE = (192, 108)
@@ -132,7 +133,7 @@ def test_a_fragment_cut_short_is_refused(frames: list[np.ndarray]) -> None:
 def test_a_camera_whose_frame_size_changes_is_refused(frames: list[np.ndarray]) -> None:
     encoder = StreamEncoder(FPS)
     encoder.add(frames[0], 0, 0.0)
-    with pytest.raises(FilterForwardError, match="must keep one size: got 96x54 after 192x108"):
+    with pytest.raises(FilterForwardError, match="must keep one size within a crop: got 96x54 after 192x108"):
         encoder.add(cv2.resize(frames[1], (96, 54)), 1, 0.08)
 
 
@@ -143,3 +144,50 @@ def test_a_camera_whose_frame_size_changes_is_refused(frames: list[np.ndarray]) 
 def test_bad_settings_are_refused_before_encoding(settings: dict, message: str) -> None:
     with pytest.raises(FilterForwardError, match=message):
         StreamEncoder(**{"fps": FPS, **settings})
+
+
+@pytest.mark.parametrize(
+    ("boxes", "size", "expected"),
+    [
+        ([(0.5, 0.25, 1.0, 0.75)], (384, 216), (192, 54, 192, 108)),
+        ([(0.1, 0.1, 0.3, 0.2), (0.6, 0.5, 0.7, 0.9)], (384, 216), (38, 20, 232, 176)),  # the union's box, even
+        ([(0.5, 0.5, 1.0, 1.0)], (385, 217), (192, 108, 192, 108)),  # an odd frame: the last pixel is left out
+        ([(0.999, 0.999, 1.0, 1.0)], (385, 217), (382, 214, 2, 2)),  # at least 2x2, inside the frame
+        ([(0.0, 0.0, 1.0, 1.0), (0.2, 0.2, 0.4, 0.4)], (384, 216), None),  # the whole frame: no crop
+        ([], (384, 216), None),
+    ],
+)
+def test_the_roi_crop_is_the_even_box_around_the_rois(boxes: list, size: tuple, expected: tuple | None) -> None:
+    rois = [ROI(x0=x0, y0=y0, x1=x1, y1=y1) for x0, y0, x1, y1 in boxes]
+    crop = roi_crop(rois, *size)
+    assert (crop and (crop.x, crop.y, crop.width, crop.height)) == expected
+    if crop is not None:
+        assert crop.x % 2 == crop.y % 2 == crop.width % 2 == crop.height % 2 == 0
+        assert (crop.frame_width, crop.frame_height) == size
+
+
+def test_a_new_crop_starts_a_new_gop_at_its_size_and_the_header_says_which_part(frames: list[np.ndarray]) -> None:
+    """The crop is fixed for a GOP: frames 0-19 show the left half, 20-39 the middle; each part decodes in the
+    cloud from its own GOP, and its fragments carry the crop through the wire format."""
+    left = Crop(x=0, y=0, width=96, height=108, frame_width=192, frame_height=108)
+    middle = Crop(x=48, y=26, width=96, height=56, frame_width=192, frame_height=108)
+    encoder = StreamEncoder(FPS, preset="veryfast")
+    closed = [encoder.new_gop()]
+    for position in range(40):
+        crop = left if position < 20 else middle
+        part = frames[position][crop.y : crop.y + crop.height, crop.x : crop.x + crop.width]
+        closed.append(encoder.add(part, FIRST + position, (FIRST + position) / FPS, crop))
+    closed.append(encoder.cut())
+    fragments = [unpack(pack(f)) for f in closed if f is not None]
+    keyframes = [e.index - FIRST for f in fragments for e in f.header.frames if e.keyframe]
+    assert keyframes == [0, 20]  # the crop's change, not only event starts, begins a GOP
+    assert {(f.header.gop, f.header.crop, f.header.width, f.header.height) for f in fragments} == {
+        (0, left, 96, 108),
+        (1, middle, 96, 56),
+    }
+    second = [f for f in fragments if f.header.gop == 1]
+    image = cv2.imdecode(np.frombuffer(frame_jpeg(second, FIRST + 30), np.uint8), cv2.IMREAD_COLOR)
+    assert mean_abs_error(image, frames[30][26:82, 48:144]) < 6  # the middle part of frame 30
+    uncropped = StreamEncoder(FPS, preset="veryfast")
+    uncropped.add(frames[0], 0, 0.0)
+    assert b"crop" not in pack(uncropped.cut())  # a whole-frame stream's header is as before crops

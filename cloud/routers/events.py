@@ -49,6 +49,9 @@ def _not_a_number(value: object) -> object:
 
 IsoTime = Annotated[datetime, BeforeValidator(_not_a_number)]
 MAX_ROW_ID = 2**63 - 1  # ids are 64-bit integers in the database
+# On a frame's JPEG decoded from a cropped stream (the edge's `upload: {crop: roi}`): which part of the camera's
+# frame it shows, e.g. "x=384,y=216,width=640,height=360,frame_width=1280,frame_height=720" (pixels).
+CROP_HEADER = "X-Crop"
 RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="an id from this API's answers")]
 
 
@@ -110,7 +113,13 @@ def event_frames(event_id: RowId, session: SessionDep) -> list[FrameOut]:
 @router.get(
     "/frames/{frame_id}.jpg",
     response_class=Response,
-    responses={200: {"content": {"image/jpeg": {}}, "description": "the frame as sent, or decoded from its stream"}},
+    responses={
+        200: {
+            "content": {"image/jpeg": {}},
+            "description": f"the frame as sent, or decoded from its stream; {CROP_HEADER} says which part of the "
+            "camera's frame a cropped stream's image shows",
+        }
+    },
 )
 def frame_image(frame_id: RowId, session: SessionDep, store: StoreDep) -> Response:
     frame = session.get(StoredFrame, frame_id)
@@ -122,7 +131,10 @@ def frame_image(frame_id: RowId, session: SessionDep, store: StoreDep) -> Respon
         raise not_found(f"frame {frame_id}'s image has been removed (retention)") from None
     except FilterForwardError as exc:
         raise not_found(f"frame {frame_id} has no stored image: {exc}") from None
-    return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=86400"})
+    headers = {"Cache-Control": "private, max-age=86400"}
+    if (crop := streams.frame_crop(session, store, frame)) is not None:
+        headers[CROP_HEADER] = ",".join(f"{key}={value}" for key, value in crop.model_dump().items())
+    return Response(data, media_type="image/jpeg", headers=headers)
 
 
 @router.get(
