@@ -66,7 +66,9 @@ class CameraOut(BaseModel):
     name: str
     online: bool
     last_seen: UtcDatetime
-    stats: dict[str, Any] = Field(description="fps, base_ms, mc_ms, frames, matched, bytes_out, dropped, online")
+    stats: dict[str, Any] = Field(
+        description="fps, base_ms, mc_ms, frames, matched, skipped (change gate), bytes_out, dropped, online"
+    )
 
 
 class EventOut(BaseModel):

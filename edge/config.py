@@ -36,6 +36,20 @@ class UploadSettings(BaseModel):
     )
 
 
+class GateSettings(BaseModel):
+    """The change gate (edge/change_gate.py): a frame that barely differs from the last frame the base DNN ran on,
+    inside the camera's filters' regions, reuses that frame's scores."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="false: the base DNN runs on every frame")
+    pixel_delta: int = Field(12, ge=1, le=255, description="gray levels a pixel must move to count as changed")
+    changed_fraction: float = Field(
+        0.002, ge=0, le=1, description="a frame with fewer changed pixels (fraction of the regions) is skipped"
+    )
+    max_skipped: int = Field(25, ge=0, le=100_000, description="frames skipped in a row at most")
+
+
 class CameraSettings(BaseModel):
     """What a camera may set itself or inherit from `defaults`."""
 
@@ -51,6 +65,9 @@ class CameraSettings(BaseModel):
         None, description="decode output (width, height): frames are resized to it; default the camera's own size"
     )
     upload: UploadSettings = Field(default_factory=UploadSettings, description="the matched-frame H.264 stream")
+    change_gate: GateSettings = Field(
+        default_factory=GateSettings, description="skip the base DNN on frames that barely changed"
+    )
 
 
 class CameraDefaults(CameraSettings):

@@ -31,6 +31,7 @@ CAMERA_METRICS = (
     ("mc_ms", False, "mean time of all MCs per frame (ms) over the last stats window"),
     ("frames", True, "frames processed"),
     ("matched", True, "frames matched by at least one filter"),
+    ("skipped", True, "frames the change gate found unchanged (the last processed frame's scores reused)"),
     ("dropped", True, "frames decoded but never processed (behind, or over the fps cap)"),
     ("online", False, "1 while the camera delivers frames"),
 )

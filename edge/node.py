@@ -52,12 +52,14 @@ class _Totals:
     frames: int = 0
     matched: int = 0
     bytes_out: int = 0
+    skipped: int = 0
     failed: int = 0  # frames the pipeline could not process (say, the sink's disk was full); counted as they fail
 
     def add(self, stats: StageStats) -> None:
         self.frames += stats.frames
         self.matched += stats.matched
         self.bytes_out += stats.bytes_out
+        self.skipped += stats.skipped
 
 
 class EdgeNode:
@@ -90,7 +92,9 @@ class EdgeNode:
             for cam in config.cameras
         }
         self.pipelines = {
-            cam.name: CameraPipeline(cam.name, self.base, self.bank, self.sink, self._sources[cam.name].fps, cam.upload)
+            cam.name: CameraPipeline(
+                cam.name, self.base, self.bank, self.sink, self._sources[cam.name].fps, cam.upload, cam.change_gate
+            )
             for cam in config.cameras
         }
         self._stats_lock = threading.Lock()  # the window swap against /metrics reading the totals
@@ -261,13 +265,14 @@ class EdgeNode:
                     "online": stats.online and not final,
                 }
             log.info(
-                "camera %s: %.1f fps, decode %.1f ms, base %.1f ms, MCs %.1f ms, %d matched, %d bytes, "
+                "camera %s: %.1f fps, decode %.1f ms, base %.1f ms, MCs %.1f ms, %d unchanged, %d matched, %d bytes, "
                 "%d dropped, %d failed so far%s",
                 name,
                 s["fps"],
                 stats.decode_ms,
                 s["base_ms"],
                 s["mc_ms"],
+                s["skipped"],
                 s["matched"],
                 s["bytes_out"],
                 s["dropped"],
@@ -294,6 +299,7 @@ class EdgeNode:
                     "decode_ms": stats.decode_ms,
                     "frames": totals.frames + current.frames,
                     "matched": totals.matched + current.matched,
+                    "skipped": totals.skipped + current.skipped,
                     "dropped": stats.frames_dropped,
                     "online": stats.online and not self._stop.is_set(),
                 }

@@ -20,7 +20,8 @@ import cv2
 import numpy as np
 
 from common.fragment import Crop, Fragment, pack
-from edge.config import UploadSettings
+from edge.change_gate import ChangeGate
+from edge.config import GateSettings, UploadSettings
 from edge.encoder import ClipEncoder, encode_jpeg
 from edge.mcbank import CameraState, LoadedMC, MCBank
 from edge.sink import MatchedFrame, Sink
@@ -43,6 +44,7 @@ class StageStats:
     frames: int = 0
     matched: int = 0
     bytes_out: int = 0
+    skipped: int = 0  # frames the change gate found unchanged: the last processed frame's scores stood for them
     base_seconds: float = 0.0
     mc_seconds: float = 0.0
     started: float = field(default_factory=time.monotonic)
@@ -56,6 +58,7 @@ class StageStats:
             "mc_ms": 1000 * self.mc_seconds / frames,
             "frames": self.frames,
             "matched": self.matched,
+            "skipped": self.skipped,
             "bytes_out": self.bytes_out,
             "dropped": dropped,
         }
@@ -104,6 +107,7 @@ class CameraPipeline:
         sink: Sink,
         fps: float | None,
         upload: UploadSettings | None = None,
+        gate: GateSettings | None = None,
     ):
         self.camera = camera
         self.fps = fps  # of the source, for event clips and the stream; None: not known (yet)
@@ -111,6 +115,9 @@ class CameraPipeline:
         self.bank = bank
         self.sink = sink
         self.upload = upload or UploadSettings()
+        self.gate = _gate(gate)
+        self._last_scores: dict[str, float] = {}  # of the last frame the base DNN ran on ...
+        self._scored_by: frozenset[tuple[str, int]] = frozenset()  # ... and the filters (name, version) it ran
         self._stream: StreamEncoder | None = None  # opened at the first stream filter's event
         self._streamed = -1  # the last frame index in the stream: frames go in once, in order
         self.stats = StageStats()
@@ -127,6 +134,26 @@ class CameraPipeline:
         if not mcs:
             self._recent.append(_Recent(frame, {}))
             return {}
+        scores = self._reused_scores(frame, mcs)
+        if scores is None:
+            scores = self._score(frame, mcs)
+        self._recent.append(_Recent(frame, scores))
+        return self._decide(frame, scores)
+
+    def _reused_scores(self, frame: Frame, mcs: tuple[LoadedMC, ...]) -> dict[str, float] | None:
+        """The last processed frame's scores when the change gate finds this frame unchanged inside the filters'
+        regions; None when the base DNN must run (no gate, a change, or other filters than those scores')."""
+        if self.gate is None:
+            return None
+        if _filters_of(mcs) != self._scored_by:
+            self.gate.reset()
+        if self.gate.must_process(frame.image, [mc.spec.roi for mc in mcs]):
+            return None
+        self.stats.skipped += 1
+        return dict(self._last_scores)
+
+    def _score(self, frame: Frame, mcs: tuple[LoadedMC, ...]) -> dict[str, float]:
+        """Every MC's score on this frame: the base DNN once, then the MC bank."""
         prepared = self.base.prepare(frame.image)
         started = time.perf_counter()
         taps = self.base.run(prepared, self.bank.needed_taps(mcs))
@@ -134,8 +161,8 @@ class CameraPipeline:
         scores = self.bank.score(mcs, taps, prepared, self.state)
         self.stats.base_seconds += scored - started
         self.stats.mc_seconds += time.perf_counter() - scored
-        self._recent.append(_Recent(frame, scores))
-        return self._decide(frame, scores)
+        self._last_scores, self._scored_by = scores, _filters_of(mcs)
+        return scores
 
     def _decide(self, frame: Frame, scores: dict[str, float]) -> dict[str, bool]:
         positives: dict[str, bool] = {}
@@ -262,3 +289,13 @@ class CameraPipeline:
         offline (an event must not span an outage); the next frame starts its filters' smoothing afresh."""
         for name in list(self._tracks):
             self._close_track(name)
+
+
+def _gate(settings: GateSettings | None) -> ChangeGate | None:
+    if settings is None or not settings.enabled:
+        return None
+    return ChangeGate(settings.pixel_delta, settings.changed_fraction, settings.max_skipped)
+
+
+def _filters_of(mcs: tuple[LoadedMC, ...]) -> frozenset[tuple[str, int]]:
+    return frozenset((mc.spec.name, mc.spec.version) for mc in mcs)

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from common.fragment import Fragment, pack
-from edge.config import UploadSettings
+from edge.config import GateSettings, UploadSettings
 from edge.encoder import ClipEncoder, encode_jpeg, encode_stream_h264
 from edge.mcbank import MCBank
 from edge.pipeline import CameraPipeline
@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 CAMERA = "replay"
 
 
+EDGE_GATE = GateSettings()  # the change gate as an edge camera has it by default
+
+
 @dataclass
 class RecordingSink:
     """A sink that keeps what the pipeline sends, for scoring."""
@@ -43,6 +46,7 @@ class RecordingSink:
     clip_bytes: int = 0
     stream_bytes: int = 0  # the matched-frame H.264 stream's fragments as the uplink sends them
     events: list[Event] = field(default_factory=list)
+    skipped: int = 0  # frames the change gate found unchanged (their base DNN run was saved)
 
     def frame(self, matched: MatchedFrame) -> None:
         self.jpeg_bytes += len(matched.jpeg)
@@ -87,6 +91,7 @@ class ReplayReport:
     clip_bps: float  # matched frames as H.264 event clips
     stream_bps: float  # the whole stream as H.264 at the same CRF and resolution
     crf: int
+    skipped: int  # frames the change gate found unchanged (the base DNN did not run on them)
 
     def as_dict(self) -> dict:
         from dataclasses import asdict
@@ -101,8 +106,10 @@ def replay(
     base_model: Path | None = None,
     progress: bool = True,
     upload: UploadSettings | None = None,
+    gate: GateSettings | None = EDGE_GATE,
 ) -> RecordingSink:
-    """Run the dataset's frames [start, stop) through a fresh edge pipeline with these filters."""
+    """Run the dataset's frames [start, stop) through a fresh edge pipeline with these filters (the change gate
+    at the edge's default settings unless `gate` says otherwise; None: the base DNN on every frame)."""
     specs = [load_bundle(path) for path in bundles]
     if not specs:
         raise FilterForwardError("no filters to evaluate: pass at least one filter bundle")
@@ -111,7 +118,7 @@ def replay(
     bank = MCBank(base.taps, base.input_size, base_model=base.identity)
     bank.put_many(specs)
     sink = RecordingSink()
-    pipeline = CameraPipeline(CAMERA, base, bank, sink, dataset.fps, upload)
+    pipeline = CameraPipeline(CAMERA, base, bank, sink, dataset.fps, upload, gate)
     start, stop = frames
     for index, image in tqdm(
         dataset.frames(start, stop), total=stop - start, disable=not progress, desc="replay", unit="frame"
@@ -119,6 +126,7 @@ def replay(
         pipeline.process(Frame(index=index, timestamp=index / dataset.fps, image=image))
     pipeline.end_events()
     bank.close()
+    sink.skipped = pipeline.stats.skipped
     return sink
 
 
@@ -161,6 +169,7 @@ def evaluate(
             dataset.fps,
         ),
         crf=crf,
+        skipped=sink.skipped,
     )
 
 

@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from edge.config import UploadSettings
+from edge.config import GateSettings, UploadSettings
 from edge.mcbank import MCBank
 from edge.pipeline import CameraPipeline
 from edge.sink import FolderSink
@@ -217,3 +217,73 @@ def test_upload_crop_roi_sends_the_box_around_the_stream_filters_rois(short_clip
         gops.setdefault(r["gop"], []).append(r)
     shapes = {gop: {p.shape for p in decode_stream(tmp_path, rs)} for gop, rs in gops.items()}
     assert shapes[0] == {(54, 96, 3)} and all(s == {(80, 192, 3)} for g, s in shapes.items() if g > 0)
+
+
+def scores_per_frame(clip: Path, base: BaseDNN, bank: MCBank, out: Path, gate: GateSettings | None) -> dict:
+    """Every frame's score of the filter `all` (threshold 1e-9: it matches every frame) and the pipeline."""
+    sink = FolderSink(out)
+    with open_source(str(clip), pacing="every-frame") as source:
+        pipeline = CameraPipeline("cam", base, bank, sink, source.fps, gate=gate)
+        for frame in source:
+            pipeline.process(frame)
+    pipeline.end_events()
+    sink.close()
+    records = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    return {"pipeline": pipeline, "scores": {r["index"]: r["scores"]["all"] for r in records if r["type"] == "frame"}}
+
+
+@pytest.fixture(scope="module")
+def empty_lot(intel_car: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Frames 30-69 of the real car clip: the empty lot, then the first white car driving in (from frame 54)."""
+    from models.datasets import open_dataset
+
+    out = tmp_path_factory.mktemp("lot") / "lot.mp4"
+    with av.open(str(out), "w") as container:
+        stream = container.add_stream("libx264", rate=12)
+        stream.width, stream.height, stream.pix_fmt = 384, 216, "yuv420p"
+        for _, image in open_dataset(intel_car).frames(30, 70):
+            small = cv2.resize(image, (384, 216), interpolation=cv2.INTER_AREA)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(small, format="bgr24")))
+        container.mux(stream.encode(None))
+    return out
+
+
+def test_the_change_gate_reuses_the_last_processed_frames_scores_on_the_still_lot(
+    empty_lot, base, make_filter, tmp_path
+) -> None:
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("full_frame", "late", SIZE, name="all", smoothing={"threshold": 1e-9, "k": 1, "n": 1}))
+    every = scores_per_frame(empty_lot, base, bank, tmp_path / "every", gate=None)
+    gated = scores_per_frame(empty_lot, base, bank, tmp_path / "gated", gate=GateSettings(max_skipped=100))
+    assert sorted(every["scores"]) == sorted(gated["scores"]) == list(range(40))  # every frame still matched
+    skipped = [i for i in range(40) if gated["scores"][i] != every["scores"][i]]
+    assert gated["pipeline"].stats.skipped >= 10  # the still lot (frames 30-53 of the clip) is mostly skipped
+    processed = 40 - gated["pipeline"].stats.skipped
+    assert processed >= 5  # the car driving in is seen
+    # A frame either ran the base DNN (the same score as without the gate) or reused the last such frame's score.
+    last = None
+    for index in range(40):
+        if gated["scores"][index] == every["scores"][index]:
+            last = gated["scores"][index]
+        else:
+            assert gated["scores"][index] == last, f"frame {index} neither scored nor reused"
+    assert len(skipped) <= gated["pipeline"].stats.skipped
+
+
+def test_a_new_filter_version_runs_the_base_dnn_again(empty_lot, base, make_filter, tmp_path) -> None:
+    bank = MCBank(base.taps, SIZE)
+    threshold = {"threshold": 1e-9, "k": 1, "n": 1}
+    bank.put(*make_filter("full_frame", "late", SIZE, name="all", smoothing=threshold))
+    sink = FolderSink(tmp_path)
+    pipeline = CameraPipeline("cam", base, bank, sink, 12.0, gate=GateSettings(max_skipped=100))
+    with open_source(str(empty_lot), pacing="every-frame") as source:
+        frames = [frame for frame, _ in zip(source, range(4), strict=False)]
+    for frame in frames[:2]:
+        pipeline.process(frame)
+    assert pipeline.stats.skipped == 1  # the second frame of the still lot
+    bank.put(*make_filter("full_frame", "late", SIZE, name="all", version=2, bias=5.0, smoothing=threshold))
+    pipeline.process(frames[2])
+    assert pipeline.stats.skipped == 1  # version 2 has no scores yet: processed
+    pipeline.process(frames[3])
+    assert pipeline.stats.skipped == 2
+    sink.close()

@@ -76,7 +76,9 @@ def format_report(report: ReplayReport) -> str:
             f"{s.overlap:7.3f} {f.events:6d} {f.matched_frames:6d}"
         )
     whole = report.stream_bps
+    n = report.frames[1] - report.frames[0]
     lines += [
+        f"change gate: {report.skipped} of {n} frames unchanged, the base DNN ran on {n - report.skipped}",
         "bandwidth (bit/s over the whole replayed duration):",
         f"  whole stream, H.264 crf {report.crf}: {whole:12,.0f}",
         f"  sent (the filters' encodings):  {report.upload_bps:12,.0f}   ({_ratio(whole, report.upload_bps)})",
