@@ -151,7 +151,7 @@ def f1_rows(car: LabelledDataset, models: dict[str, Path], seeds: Sequence[int])
             )
             with tempfile.TemporaryDirectory(prefix="ff-precision-") as folder:
                 train_mc(car, config, Path(folder), path, progress=False)
-                sink = replay(car, [Path(folder)], TEST, path, progress=False)
+                sink = replay(car, [Path(folder)], TEST, path, progress=False, gate=None)
             predicted = np.zeros(TEST[1] - TEST[0], bool)
             predicted[np.asarray(sorted(sink.frames.get(config.name, ())), int) - TEST[0]] = True
             row.f1.append(event_f1(car.labels[EVENT][TEST[0] : TEST[1]], predicted, BOUNDARY_TOLERANCE).f1)

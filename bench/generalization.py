@@ -5,7 +5,9 @@ before any filter was scored): train on a prefix that holds at least one occurre
 Each MC kind and the default filter (`filterforward train` without --arch) are trained with seeds 0-4 at
 the clip's default input size (its frame size rounded to multiples of 32) and at half of it, then all of
 one size's filters are replayed together through the real edge pipeline over the test frames and scored
-like `filterforward eval` (event F1, boundary tolerance 2). A motion-detector row (OpenCV MOG2, bench/motion.py)
+like `filterforward eval` (event F1, boundary tolerance 2), once with the base DNN on every frame and once
+behind the edge's default change gate (edge/change_gate.py; its F1 and the share of frames it skipped are the
+last columns). A motion-detector row (OpenCV MOG2, bench/motion.py)
 has its threshold and k-of-n chosen on the training frames only. Protocol and columns: bench/README.md.
 
     python bench/generalization.py                 # everything (hours on 2 cores: the paper's kinds are slow)
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from motion import apply_rule, fit_rule, foreground_fractions
 
-from edge.replay import replay
+from edge.replay import EDGE_GATE, replay
 from models.datasets import LabelledDataset, mot_dataset, open_dataset
 from models.errors import FilterForwardError
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
@@ -93,6 +95,8 @@ class Row:
     train_seconds: list[float] = field(default_factory=list)
     chosen: list[str] = field(default_factory=list)  # default filter: the kind and tap it chose per seed
     estimate: list[float] = field(default_factory=list)  # its cross-validated F1 per seed, where it had one
+    gated_f1: list[float] = field(default_factory=list)  # event F1 behind the edge's default change gate
+    skipped: list[float] = field(default_factory=list)  # share of the test frames that gate skipped
 
     def summary(self) -> dict[str, float]:
         return {
@@ -103,6 +107,8 @@ class Row:
             "event_recall": statistics.fmean(self.event_recall),
             "sent": statistics.fmean(self.sent),
             "train_s": statistics.fmean(self.train_seconds) if self.train_seconds else 0.0,
+            "gated_f1_mean": statistics.fmean(self.gated_f1) if self.gated_f1 else float("nan"),
+            "skipped": statistics.fmean(self.skipped) if self.skipped else float("nan"),
         }
 
 
@@ -116,6 +122,7 @@ class Settings:
     out: Path
     json_path: Path | None
     motion: bool
+    gate: bool  # also replay behind the edge's default change gate
 
 
 def open_clip(clip: Clip, data: Path) -> LabelledDataset:
@@ -178,17 +185,22 @@ def score_rows(
     with tempfile.TemporaryDirectory(prefix="ff-generalization-") as folder:
         bundles = train_rows(dataset, clip, size, settings, Path(folder))
         test = (clip.train_stop, dataset.n_frames)
-        sink = replay(dataset, [Path(b) for b in bundles], test, progress=False)
+        paths = [Path(b) for b in bundles]
+        sink = replay(dataset, paths, test, progress=False, gate=None)
+        gated = replay(dataset, paths, test, progress=False, gate=EDGE_GATE) if settings.gate else None
         from models.bundle import load_bundle
 
         names = {path: load_bundle(Path(path))[0].name for path in bundles}
     rows: dict[tuple[str, str], Row] = {}
     for path, (event, kind, seed, seconds, chosen, estimate) in bundles.items():
         row = rows.setdefault((event, kind), Row(clip.folder, event, size_name, size, kind))
-        predicted = np.zeros(test[1] - test[0], bool)
+        truth = dataset.labels[event][test[0] : test[1]]
         matched = sorted(sink.frames.get(names[path], ()))
-        predicted[np.asarray(matched, int) - test[0]] = True
-        scores = event_f1(dataset.labels[event][test[0] : test[1]], predicted, BOUNDARY_TOLERANCE)
+        scores = event_f1(truth, matched_mask(matched, test), BOUNDARY_TOLERANCE)
+        if gated is not None:
+            gated_matched = gated.frames.get(names[path], ())
+            row.gated_f1.append(event_f1(truth, matched_mask(gated_matched, test), BOUNDARY_TOLERANCE).f1)
+            row.skipped.append(gated.skipped / (test[1] - test[0]))
         row.seeds.append(seed)
         row.f1.append(scores.f1)
         row.precision.append(scores.precision)
@@ -199,6 +211,13 @@ def score_rows(
         if estimate is not None:
             row.estimate.append(estimate)
     return list(rows.values())
+
+
+def matched_mask(matched: Sequence[int] | set[int], frames: tuple[int, int]) -> np.ndarray:
+    """Bool per frame of `frames` [start, stop): whether a filter sent it."""
+    predicted = np.zeros(frames[1] - frames[0], bool)
+    predicted[np.asarray(sorted(matched), int) - frames[0]] = True
+    return predicted
 
 
 def motion_rows(dataset: LabelledDataset, clip: Clip) -> list[Row]:
@@ -259,7 +278,7 @@ def verdicts(rows: list[Row]) -> list[str]:
 def print_table(rows: list[Row]) -> None:
     header = (
         f"{'clip':<20} {'event':<20} {'size':<10} {'kind':<14} {'F1 mean':>7} {'min':>6} {'max':>6} "
-        f"{'prec':>6} {'recall':>6} {'sent':>6} {'train s':>8}  chosen / rule"
+        f"{'prec':>6} {'recall':>6} {'sent':>6} {'train s':>8} {'gated F1':>8} {'skipped':>7}  chosen / rule"
     )
     print("\n" + header)
     print("-" * len(header))
@@ -270,7 +289,7 @@ def print_table(rows: list[Row]) -> None:
         print(
             f"{row.clip:<20} {row.event:<20} {size:<10} {row.kind:<14} {s['f1_mean']:7.3f} {s['f1_min']:6.3f} "
             f"{s['f1_max']:6.3f} {s['precision']:6.3f} {s['event_recall']:6.3f} {s['sent']:6.1f} "
-            f"{s['train_s']:8.1f}  {chosen}"
+            f"{s['train_s']:8.1f} {s['gated_f1_mean']:8.3f} {s['skipped']:7.1%}  {chosen}"
         )
 
 
@@ -360,13 +379,16 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         "--sizes", type=choices(("default", "half")), default=("default", "half"), help="input sizes to run"
     )
     parser.add_argument("--no-motion", dest="motion", action="store_false", help="skip the MOG2 motion rows")
+    parser.add_argument("--no-gate", dest="gate", action="store_false", help="skip the change-gate replay")
     parser.add_argument("--quick", action="store_true", help="default filter and full_frame, seed 0, half size")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out", help="folder for the plot")
     parser.add_argument("--json", type=Path, help="also write every row (per-seed values) as JSON here")
     args = parser.parse_args(argv)
     if args.quick:
         args.kinds, args.seeds, args.sizes = (DEFAULT, "full_frame"), (0,), ("half",)
-    return Settings(args.data, args.clips, args.kinds, args.seeds, args.sizes, args.out, args.json, args.motion)
+    return Settings(
+        args.data, args.clips, args.kinds, args.seeds, args.sizes, args.out, args.json, args.motion, args.gate
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -120,7 +120,7 @@ def run_case(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[in
                     estimate,
                     time.perf_counter() - started,
                 )
-        sink = replay(dataset, list(bundles), test, progress=False)
+        sink = replay(dataset, list(bundles), test, progress=False, gate=None)
         truth = dataset.labels[case.event][test[0] : test[1]]
         by_seed: dict[int, Outcome] = {}
         for bundle, (seed, name, estimate) in bundles.items():
