@@ -132,6 +132,8 @@ class StoredFrame(Base):
     __table_args__ = (
         UniqueConstraint("edge_id", "seq", name="uq_frames_edge_seq"),
         Index("ix_frames_camera_received", "camera", "received_at"),
+        # The rows of one camera frame (a frame matched by several filters; the frames a fragment holds).
+        Index("ix_frames_stream_index", "edge_id", "run", "camera", "frame_index"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
