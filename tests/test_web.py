@@ -221,3 +221,32 @@ def test_live_stats_and_events_without_reload(page: Page, cloud: CloudConfig) ->
     expect(card).to_have_count(0)
     page.get_by_label("Camera", exact=True).fill("")
     expect(card).to_have_count(2)
+
+
+def test_an_edge_shows_its_base_model_and_the_filters_it_refuses(
+    page: Page, cloud: CloudConfig, make_filter: Callable[..., tuple[FilterSpec, bytes]]
+) -> None:
+    from cloud.db import make_engine, session_factory
+    from cloud.framestore import FrameStore
+    from cloud.storage import Storage
+    from common.protocol import Hello
+    from models.filterspec import BaseModelId
+
+    trained_on = BaseModelId(name="efficientnet-lite0", precision="fp32", digest="0123456789abcdef")
+    runs = trained_on.model_copy(update={"precision": "int8", "digest": "fedcba9876543210"})
+    spec, onnx = make_filter("full_frame", "late", (128, 96), name="fp32-only", cameras=["gate-cam"])
+    spec = spec.model_copy(update={"base_model": trained_on})
+    files = {"model": ("fp32-only.onnx", onnx, "application/octet-stream")}
+    assert api(cloud, "POST", "/api/filters", data={"spec": spec.model_dump_json()}, files=files).status_code == 201
+    storage = Storage(session_factory(make_engine(cloud.db_url)), FrameStore(cloud.data_dir / "frames"))
+    storage.edge_hello("edge-int8", Hello(edge="edge-int8", run="r1", cameras=["gate-cam"], base_model=runs), None)
+
+    sign_in(page, TOKEN)
+    cell = page.locator('[data-testid="edge-row"][data-edge="edge-int8"] [data-field="base_model"]')
+    expect(cell).to_have_text("efficientnet-lite0 int8 ⚠ refuses 1")
+    expect(cell).to_have_attribute("title", re.compile(r"^refuses fp32-only: trained on another base model"))
+    assert api(cloud, "DELETE", "/api/filters/fp32-only").status_code == 204
+    page.reload()
+    sign_in(page, TOKEN)
+    expect(cell).to_have_text("efficientnet-lite0 int8")
+    expect(cell).to_have_attribute("title", "digest fedcba9876543210")

@@ -289,7 +289,7 @@ async function refreshEdges() {
   const [edges, cameras] = await Promise.all([api("/api/edges"), api("/api/cameras")]);
   const edgeRows = edges.map(edgeRow);
   const cameraRows = cameras.map(cameraRow);
-  byId("edges-body").replaceChildren(...(edgeRows.length ? edgeRows : [emptyRow(9, "No edge has connected yet.")]));
+  byId("edges-body").replaceChildren(...(edgeRows.length ? edgeRows : [emptyRow(10, "No edge has connected yet.")]));
   byId("cameras-body").replaceChildren(...(cameraRows.length ? cameraRows : [emptyRow(10, "No cameras reported.")]));
   setOptions(byId("camera-names"), cameras.map((camera) => camera.name));
 }
@@ -303,12 +303,30 @@ function edgeRow(edge) {
     el("th", { scope: "row" }, onlineDot(edge.online), edge.id),
     el("td", { "data-field": "last_seen", title: fmt.time(edge.last_seen) }, fmt.age(edge.last_seen)),
     el("td", { "data-field": "connected" }, uplink),
+    baseModelCell(edge),
     numCell("filters_version", fmt.count(edge.filters_version)),
     numCell("spool_messages", fmt.count(stats.spool_messages)),
     numCell("spool_bytes", fmt.bytes(stats.spool_bytes)),
     numCell("spool_dropped", fmt.count(stats.spool_dropped)),
     numCell("in_flight", fmt.count(stats.in_flight)),
     numCell("sent_bytes", fmt.bytes(stats.sent_bytes)),
+  );
+}
+
+/** The base DNN an edge runs, and the filters targeting it that it refuses (trained on another base model). */
+function baseModelCell(edge) {
+  const model = edge.base_model;
+  const text = model ? `${model.name} ${model.precision}` : "–";
+  const refused = edge.refused_filters || [];
+  if (!refused.length) return el("td", { "data-field": "base_model", title: model ? `digest ${model.digest}` : "" }, text);
+  return el(
+    "td",
+    {
+      "data-field": "base_model",
+      class: "warn",
+      title: `refuses ${refused.join(", ")}: trained on another base model; retrain them on this one`,
+    },
+    `${text} ⚠ refuses ${refused.length}`,
   );
 }
 
