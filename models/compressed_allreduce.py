@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -52,23 +53,32 @@ def pack_signs(x: torch.Tensor) -> torch.Tensor:
     """Flat float tensor -> uint8, 8 signs per byte (bit 1 for x >= 0, so sign(0) = +1), MSB first."""
     if x.dim() != 1 or x.numel() % _BITS:
         raise ValueError(f"pack_signs needs a flat tensor whose length is a multiple of 8, got shape {tuple(x.shape)}")
-    return _pack_signs_into(x)
+    return _pack_signs_into(x).to(torch.uint8)
 
 
-def _pack_signs_into(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Flat float tensor (8k elements) -> its k packed sign bytes, MSB first (into out when given)."""
+def _pack_signs_into(
+    x: torch.Tensor, out: torch.Tensor | None = None, work: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Flat float tensor (8k elements) -> its k packed sign bytes, MSB first (into out when given).
+
+    work: optional int64 workspace of at least 2k elements. Returns the packed bytes as int64 (a view of
+    the workspace), the index type that decompressing them with index_select wants.
+    """
     # Each group of 8 sign bools is written straight into the bytes of one little-endian int64 (bool k =
     # bit 8k). Three shift-or steps move bit 8k to bit 63 - k, so the top byte is the packed group: a few
-    # integer ops per 8 elements, and only two temporaries of k int64 (fresh big buffers cost page faults).
-    words = x.new_empty(x.numel() // _BITS, dtype=torch.int64)
+    # integer ops per 8 elements, no Python per element, and no fresh big buffer (a fresh 100 MB buffer
+    # costs 5x the arithmetic that fills it in page faults).
+    groups = x.numel() // _BITS
+    work = x.new_empty(2 * groups, dtype=torch.int64) if work is None else work
+    words, shifted = work[:groups], work[groups : 2 * groups]
     torch.ge(x, 0, out=words.view(torch.bool))
-    shifted = torch.empty_like(words)
     for shift in (9, 18, 36):
         words |= torch.bitwise_left_shift(words, shift, out=shifted)
     words >>= 56
-    if out is None:
-        return words.to(torch.uint8)
-    return out.copy_(words.view(out.shape))
+    words &= 0xFF  # the shift is arithmetic: drop the sign it copied down
+    if out is not None:
+        out.copy_(words.view(out.shape))
+    return words
 
 
 def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -80,10 +90,10 @@ def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
     return _SIGN_TABLE.to(packed.device)[packed.long()].reshape(-1)[:n]
 
 
-def _decompress(packed: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Flat packed signs (k,) and a 0-dim scale -> scale·sign written into out (8k elements)."""
-    table = scale * _SIGN_TABLE.to(packed.device)  # scale·(±1) is exactly ±scale, as in the dense arithmetic
-    torch.index_select(table, 0, packed.int(), out=out.view(-1, _BITS))
+def _decompress(indices: torch.Tensor, scale: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Flat packed signs (k bytes as int64 or int32) and a 0-dim scale -> scale·sign written into out (8k elements)."""
+    table = scale * _SIGN_TABLE.to(indices.device)  # scale·(±1) is exactly ±scale, as in the dense arithmetic
+    torch.index_select(table, 0, indices, out=out.view(-1, _BITS))
     return out
 
 
@@ -94,27 +104,43 @@ def padded_length(n_elements: int, world_size: int) -> int:
 
 
 def _compress(
-    y: torch.Tensor, valid: int, packed: torch.Tensor | None = None, error: torch.Tensor | None = None
+    y: torch.Tensor,
+    valid: int,
+    packed: torch.Tensor | None = None,
+    error: torch.Tensor | None = None,
+    work: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """1-bit compress y whose first `valid` elements are real: (packed signs, fp32 scale of shape (1,), error).
 
     The scale is the RMS of the real elements; the error is zero on the padding so it never accumulates there.
-    packed (y.numel()/8 bytes, any shape) and error (like y, not y itself) are filled when given.
+    packed (y.numel()/8 bytes, any shape), error (like y, not y itself) and the int64 workspace (2·y.numel()/8)
+    are filled when given, so a call allocates nothing of y's size.
     """
     real = y[:valid]
     scale = (real.norm() / math.sqrt(valid)) if valid else y.new_zeros(())
-    packed = _pack_signs_into(y, packed)
-    error = _decompress(packed.reshape(-1), scale, torch.empty_like(y) if error is None else error)
+    indices = _pack_signs_into(y, packed, work)
+    packed = indices.to(torch.uint8) if packed is None else packed
+    error = _decompress(indices, scale, torch.empty_like(y) if error is None else error)
     torch.sub(y, error, out=error)
     error[valid:] = 0
     return packed, scale.reshape(1), error
 
 
-def _expand(packed: torch.Tensor, scales: torch.Tensor, length: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Rows of packed signs (k, length/8) and their scales (k,) -> the decompressed values, shape (k, length)."""
+def _expand(
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    length: int,
+    out: torch.Tensor | None = None,
+    work: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rows of packed signs (k, length/8) and their scales (k,) -> the decompressed values, shape (k, length).
+
+    work: optional int64 workspace of k·length/8 elements for the byte indices.
+    """
     out = packed.new_empty((packed.shape[0], length), dtype=torch.float32) if out is None else out
-    for row_packed, scale, row_out in zip(packed, scales, out, strict=True):
-        _decompress(row_packed, scale, row_out)
+    indices = packed.int() if work is None else work[: packed.numel()].view(packed.shape).copy_(packed)
+    for row_indices, scale, row_out in zip(indices, scales, out, strict=True):
+        _decompress(row_indices, scale, row_out)
     return out
 
 
@@ -124,12 +150,14 @@ def _server_average(
     length: int,
     out: torch.Tensor | None = None,
     scratch: torch.Tensor | None = None,
+    work: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The mean over ranks of their decompressed chunks: packed (n, length/8), scales (n,) -> (length,).
 
-    scratch (n·length fp32, optional) holds the decompressed chunks.
+    scratch (n·length fp32) holds the decompressed chunks and work (int64, n·length/8) their byte
+    indices; both optional.
     """
-    decoded = _expand(packed, scales, length, None if scratch is None else scratch.view(-1, length))
+    decoded = _expand(packed, scales, length, None if scratch is None else scratch.view(-1, length), work)
     return torch.mean(decoded, dim=0, out=out)
 
 
@@ -203,18 +231,29 @@ def _padded(tensor: torch.Tensor, total: int) -> torch.Tensor:
     return torch.nn.functional.pad(flat, (0, total - flat.numel()))
 
 
+class Reduced(NamedTuple):
+    """What CompressedAllreduce.reduce returns: the averaged values (a view of a buffer the next call of the
+    same name overwrites) and whether they are all finite (every rank gets the same answer)."""
+
+    values: torch.Tensor
+    finite: bool
+
+
 @dataclass
 class _ErrorBuffers:
-    """State of one named tensor: its error feedback and the workspaces its calls reuse.
+    """State of one named vector: its error feedback and the workspaces its calls reuse.
 
     worker: worker error (padded length); server: server error (its chunk); the rest are scratch
-    buffers kept between calls so a call allocates little beyond its result.
+    buffers kept between calls so that a call allocates nothing of the vector's size (with one rank
+    only `padded` exists: there is nothing to compress).
     """
 
     numel: int
     worker: torch.Tensor
     server: torch.Tensor
-    padded: torch.Tensor  # x + e_w, fp32, padded length; then the server's decode scratch
+    padded: torch.Tensor  # the input (x, then x + e_w), fp32, padded length; then the server's decode scratch
+    result: torch.Tensor  # the decompressed average, padded length
+    work: torch.Tensor  # int64 indices and shift workspace, 2·P/8
     rows: torch.Tensor  # phase 1 message rows (n, L/8 + 4) uint8
     received: torch.Tensor  # phase 1 rows received, same shape
     average: torch.Tensor  # server: mean of the received chunks + e_s, length L
@@ -224,13 +263,18 @@ class _ErrorBuffers:
     @classmethod
     def zeros(cls, numel: int, world: int, chunk: int, device: torch.device) -> _ErrorBuffers:
         """Zero errors and fresh workspaces for numel elements over world ranks (chunk = padded length / world)."""
+        total = world * chunk
+        if world == 1:
+            total = chunk = 0
         row_bytes = chunk // _BITS + _SCALE_BYTES
         rows = torch.empty((world, row_bytes), dtype=torch.uint8, device=device)
         return cls(
             numel=numel,
-            worker=torch.zeros(world * chunk, dtype=torch.float32, device=device),
+            worker=torch.zeros(total, dtype=torch.float32, device=device),
             server=torch.zeros(chunk, dtype=torch.float32, device=device),
-            padded=torch.zeros(world * chunk, dtype=torch.float32, device=device),
+            padded=torch.zeros(max(total, numel), dtype=torch.float32, device=device),
+            result=torch.empty(total, dtype=torch.float32, device=device),
+            work=torch.empty(2 * total // _BITS, dtype=torch.int64, device=device),
             rows=rows,
             received=torch.empty_like(rows),
             average=torch.empty(chunk, dtype=torch.float32, device=device),
@@ -242,8 +286,8 @@ class _ErrorBuffers:
 class CompressedAllreduce:
     """Error-compensated 1-bit averaging allreduce over a process group (gloo or NCCL).
 
-    Every rank must call allreduce with tensors of the same shape, in the same order. Without an
-    initialised process group (or with one rank) it returns the input unchanged.
+    Every rank must call allreduce (or input_buffer + reduce) with vectors of the same length, in the same
+    order. Without an initialised process group (or with one rank) nothing is compressed.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None) -> None:
@@ -260,52 +304,87 @@ class CompressedAllreduce:
 
     @torch.no_grad()
     def allreduce(self, tensor: torch.Tensor, name: str = "default") -> torch.Tensor:
-        """The decompressed average over ranks of tensor, same shape and dtype (computed in fp32).
+        """The decompressed average over ranks of tensor, a new tensor of the same shape and dtype (computed in fp32).
 
         With world size 1 the input itself is returned (uncompressed, no copy).
         """
         check_compressible(tensor)
-        world = self.world_size
-        if world == 1 or tensor.numel() == 0:
+        if self.world_size == 1 or tensor.numel() == 0:
             return tensor
+        self.input_buffer(name, tensor.numel(), tensor.device).copy_(tensor.reshape(-1))
+        return self.reduce(name).values.view(tensor.shape).to(tensor.dtype, copy=True)
+
+    def input_buffer(self, name: str, numel: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The flat fp32 buffer of numel elements that reduce(name) averages: fill it, then call reduce.
+
+        Writing the vector here (torch ops with out=) saves the copy, and the fresh buffer, of a flat input.
+        """
+        return self._buffers(name, numel, torch.device(device)).padded[:numel]
+
+    @torch.no_grad()
+    def reduce(self, name: str, divisor: torch.Tensor | None = None) -> Reduced:
+        """The compressed average over ranks of input_buffer(name) (divided elementwise by divisor first, in
+        the same pass that adds the error feedback). The values are a view valid until the next reduce(name).
+
+        With one rank: the input (divided) itself. A non-finite average drops the error buffers of name.
+        """
+        errors = self._errors[name]
+        n_elements = errors.numel
+        x = errors.padded
+        world = self.world_size
+        if world == 1:
+            values = x[:n_elements] if divisor is None else x[:n_elements].div_(divisor.reshape(-1))
+            return Reduced(values, _all_finite(values))
         rank = dist.get_rank(self.group)
-        n_elements = tensor.numel()
-        total = padded_length(n_elements, world)
-        chunk = total // world
-        errors = self._buffers(name, tensor, world, chunk)
+        chunk = errors.average.numel()
+        x[n_elements:].zero_()  # the previous call used x as scratch
+        if divisor is None:
+            x.add_(errors.worker)
+        else:  # x/d + e_w in one pass; the padding stays 0 + 0
+            real = x[:n_elements]
+            torch.addcdiv(errors.worker[:n_elements], real, divisor.reshape(-1), out=real)
 
         # Worker: compress x + e_w and route chunk r of the signs (with our scale) to rank r.
-        x = errors.padded
-        x[:n_elements].copy_(tensor.reshape(-1))
-        x[n_elements:].zero_()  # the server phase reuses x as scratch
-        x.add_(errors.worker)
-        _, scale, _ = _compress(x, n_elements, errors.rows[:, :-_SCALE_BYTES], errors.worker)
+        _, scale, _ = _compress(x, n_elements, errors.rows[:, :-_SCALE_BYTES], errors.worker, errors.work)
         _set_scales(errors.rows, scale)
         dist.all_to_all_single(errors.received, errors.rows, group=self.group)
 
         # Server: average our chunk over ranks, add the server error, re-compress.
-        average = _server_average(*_from_rows(errors.received), chunk, errors.average, scratch=x)
+        average = _server_average(*_from_rows(errors.received), chunk, errors.average, scratch=x, work=errors.work)
         average.add_(errors.server)
         _, server_scale, _ = _compress(
-            average, _valid_in_chunk(n_elements, chunk, rank), errors.own_row[:, :-_SCALE_BYTES], errors.server
+            average,
+            _valid_in_chunk(n_elements, chunk, rank),
+            errors.own_row[:, :-_SCALE_BYTES],
+            errors.server,
+            errors.work,
         )
         _set_scales(errors.own_row, server_scale)
         dist.all_gather_single(errors.gathered, errors.own_row, group=self.group)
 
         self.bytes_on_wire += 2 * (world - 1) * errors.rows.shape[1]
-        result = _expand(*_from_rows(errors.gathered), chunk).reshape(-1)[:n_elements]
-        return result.view(tensor.shape).to(tensor.dtype)
+        packed, scales = _from_rows(errors.gathered)
+        values = _expand(packed, scales, chunk, errors.result.view(world, chunk), errors.work).view(-1)[:n_elements]
+        # Every value is ±(its chunk's scale): they are finite exactly when the scales of the chunks holding
+        # real elements are (a non-finite input on any rank makes them inf or NaN).
+        holding = -(-n_elements // chunk)
+        finite = bool(torch.isfinite(scales[:holding]).all())
+        if not finite:
+            self.reset_errors(name)
+        return Reduced(values, finite)
 
-    def _buffers(self, name: str, tensor: torch.Tensor, world: int, chunk: int) -> _ErrorBuffers:
+    def _buffers(self, name: str, numel: int, device: torch.device) -> _ErrorBuffers:
         """The buffers of name, zero errors on first use; a different element count under one name is an error."""
         if name not in self._errors:
-            logger.debug("compressed allreduce %r: new error buffers for %d elements", name, tensor.numel())
-            self._errors[name] = _ErrorBuffers.zeros(tensor.numel(), world, chunk, tensor.device)
+            logger.debug("compressed allreduce %r: new error buffers for %d elements", name, numel)
+            world = self.world_size
+            chunk = padded_length(numel, world) // world
+            self._errors[name] = _ErrorBuffers.zeros(numel, world, chunk, device)
         errors = self._errors[name]
-        if errors.numel != tensor.numel():
+        if errors.numel != numel:
             raise FilterForwardError(
                 f"compressed allreduce {name!r} holds error buffers for {errors.numel} elements, got "
-                f"{tensor.numel()}: use one name per tensor or call reset_errors({name!r})"
+                f"{numel}: use one name per tensor or call reset_errors({name!r})"
             )
         return errors
 
@@ -315,3 +394,8 @@ class CompressedAllreduce:
             self._errors.clear()
         else:
             self._errors.pop(name, None)
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether no element is inf or NaN (min/max propagate both; one pass)."""
+    return tensor.numel() == 0 or bool(torch.isfinite(torch.stack(torch.aminmax(tensor))).all())

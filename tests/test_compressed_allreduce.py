@@ -54,6 +54,25 @@ def test_pack_unpack_round_trip_and_bit_order() -> None:
     assert pack_signs(torch.tensor([1.0, -1, -1, -1, -1, -1, -1, 2])).item() == 0b1000_0001
 
 
+def _reference_pack(x: torch.Tensor) -> list[int]:
+    """Signs packed the plain way, one element at a time: bit 7 - j of byte k is x[8k + j] >= 0."""
+    values = x.tolist()
+    return [sum(int(values[8 * k + j] >= 0) << (7 - j) for j in range(8)) for k in range(len(values) // 8)]
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 13, 8 * 37, 1001, 4099])
+def test_vectorized_packing_equals_the_plain_reference_and_round_trips_odd_lengths(n: int) -> None:
+    generator = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=generator)
+    x[::7] = 0.0
+    x[1::11] = -0.0  # a zero either way is sign +1
+    x[2::13] = torch.tensor([math.inf, -math.inf, 1e-40, -1e-40]).repeat(n)[: x[2::13].numel()]
+    padded = torch.nn.functional.pad(x, (0, padded_length(n, 1) - n))  # as the allreduce pads: zeros
+    packed = pack_signs(padded)
+    assert packed.tolist() == _reference_pack(padded)
+    assert torch.equal(unpack_signs(packed, n), torch.where(x >= 0, 1.0, -1.0))
+
+
 @pytest.mark.parametrize("bad", [torch.ones(12), torch.ones(2, 8)])
 def test_pack_signs_needs_flat_multiple_of_8(bad: torch.Tensor) -> None:
     with pytest.raises(ValueError, match="multiple of 8"):
@@ -168,6 +187,34 @@ def _matches_reference(rank: int, size: int, group: dist.ProcessGroup | None) ->
     return gaps
 
 
+def _divided(rank: int, size: int, group: dist.ProcessGroup | None) -> dict[str, object]:
+    """The optimizers' path: input_buffer + reduce with a divisor (fused into the error feedback) against
+    dense_reference of x/d; then a non-finite input on rank 0 and a restart from zero error."""
+    reducer = CompressedAllreduce(group)
+    generator = torch.Generator().manual_seed(7 + size)
+    divisor = torch.rand(1001, generator=generator) + 0.5
+    worker_errors = server_errors = None
+    gap, addresses = 0.0, set()
+    for _ in range(REFERENCE_STEPS):
+        inputs = [torch.randn(1001, generator=generator) for _ in range(size)]
+        reducer.input_buffer("divided", 1001).copy_(inputs[rank])
+        values, finite = reducer.reduce("divided", divisor)
+        expected, worker_errors, server_errors = dense_reference(
+            [x / divisor for x in inputs], worker_errors, server_errors
+        )
+        gap = max(gap, (values - expected).abs().max().item()) if finite else math.inf
+        addresses.add(values.data_ptr())
+    poisoned = reducer.input_buffer("divided", 1001)
+    poisoned.fill_(1.0)
+    poisoned[5] = math.inf if rank == 0 else 1.0
+    nonfinite = reducer.reduce("divided", divisor).finite
+    inputs = [torch.randn(1001, generator=generator) for _ in range(size)]
+    reducer.input_buffer("divided", 1001).copy_(inputs[rank])
+    values = reducer.reduce("divided", divisor).values
+    restart_gap = (values - dense_reference([x / divisor for x in inputs])[0]).abs().max().item()
+    return {"gap": gap, "buffers": len(addresses), "nonfinite": nonfinite, "restart_gap": restart_gap}
+
+
 def _feedback_errors(rank: int, size: int, group: dist.ProcessGroup | None, feedback: bool) -> dict[int, float]:
     """Relative error of the running mean of compressed results vs the running mean of true averages."""
     reducer = CompressedAllreduce(group)
@@ -218,6 +265,7 @@ def _all_checks(rank: int, world_size: int) -> dict[int, dict[str, object]]:
             continue
         results[size] = {
             "reference": _matches_reference(rank, size, group),
+            "divided": _divided(rank, size, group),
             "feedback": _feedback_errors(rank, size, group, feedback=True),
             "no_feedback": _feedback_errors(rank, size, group, feedback=False),
             "bytes": _bytes(rank, size, group) if PROC_IO.exists() else None,
@@ -237,6 +285,17 @@ def test_gloo_allreduce_matches_dense_reference(gloo_results: list, size: int) -
         gaps = gloo_results[rank][size]["reference"]
         assert gaps.keys() == {name for name, _, _ in CASES}
         assert all(gap <= 1e-6 for gap in gaps.values()), (rank, gaps)
+
+
+@pytest.mark.parametrize("size", WORLD_SIZES)
+def test_reduce_divides_in_the_error_feedback_pass_and_reuses_its_buffers(gloo_results: list, size: int) -> None:
+    for rank in range(size):
+        divided = gloo_results[rank][size]["divided"]
+        assert divided["gap"] <= 1e-6, divided
+        assert divided["buffers"] == 1  # every call wrote the same output buffer
+        # A non-finite input on one rank is seen on every rank, and the next call starts from zero error.
+        assert divided["nonfinite"] is False
+        assert divided["restart_gap"] <= 1e-6, divided
 
 
 @pytest.mark.parametrize("size", WORLD_SIZES)

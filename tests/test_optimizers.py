@@ -227,7 +227,7 @@ def _nonfinite_steps(rank: int, world: int) -> dict[str, list[tuple[int, torch.T
 def _ddp_differences(rank: int, world: int) -> dict[str, float]:
     """Largest |DDP with the optimizer's comm hook − the optimizer alone| over every stage."""
     differences = {}
-    for name in ("onebit_adam", "zeroone_adam"):
+    for name in ("onebit_adam", "zeroone_adam", "onebit_lamb"):
         alone, wrapped = _model(), _model()
         alone_optimizer, wrapped_optimizer = _build(name, alone), _build(name, wrapped)
         ddp = nn.parallel.DistributedDataParallel(wrapped)
@@ -570,6 +570,24 @@ def test_world_size_one_onebit_lamb_is_lamb_then_the_frozen_coefficient_formula(
     factors = [optimizer.state[p]["factor"] for p in model.parameters()]
     assert factors == pytest.approx([state[i]["factor"] for i in range(len(factors))])
     assert any(f != 1.0 for f in factors)  # the fresh variance did move the factors
+
+
+def test_world_size_one_zeroone_adam_phase_a_refreshes_the_variance_on_its_schedule() -> None:
+    """Adam whose variance moves only at refresh steps: the cached denominators must follow each refresh."""
+    model, reference, state = _model(), _model(), {}
+    optimizer = ZeroOneAdam(model.parameters(), lr=LR, var_freeze_step=12, var_update_scaler=2)
+    for step in range(1, 13):
+        _train(model, optimizer, 0, range(step, step + 1))
+        _backward(reference, 0, step)
+        count = optimizer.variance_updates(step)
+        with torch.no_grad():
+            for index, p in enumerate(reference.parameters()):
+                s = state.setdefault(index, {"m": torch.zeros_like(p), "v": torch.zeros_like(p)})
+                s["m"] = 0.9 * s["m"] + 0.1 * p.grad
+                if optimizer.refreshes_variance(step):
+                    s["v"] = 0.999 * s["v"] + 0.001 * p.grad**2
+                p -= LR / (1 - 0.9**step) * s["m"] / ((s["v"] / (1 - 0.999**count)).sqrt() + 1e-8)
+        assert torch.allclose(_flat(model), _flat(reference), atol=1e-6), step
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -91,34 +91,70 @@ def update_moments(
     exp_avg_sq.mul_(betas[1]).addcmul_(grad, grad, value=1 - betas[1])
 
 
-def adam_denominator(exp_avg_sq: torch.Tensor, group: dict[str, Any], variance_updates: int) -> torch.Tensor:
-    """√v̂ + ε with v̂ the bias-corrected variance after `variance_updates` updates (torch's Adam arithmetic)."""
+def adam_denominator(
+    exp_avg_sq: torch.Tensor, group: dict[str, Any], variance_updates: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """√v̂ + ε with v̂ the bias-corrected variance after `variance_updates` updates (torch's Adam arithmetic),
+    written into out when given."""
     correction = math.sqrt(bias_correction(group["betas"][1], variance_updates))
-    return (exp_avg_sq.sqrt() / correction).add_(group["eps"])
+    return torch.sqrt(exp_avg_sq, out=out).div_(correction).add_(group["eps"])
 
 
-def adam_step(entry: Entry, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, step: int, variance_updates: int) -> None:
-    """p ← p·(1 − lr·wd) − lr·m̂/(√v̂ + ε): torch's AdamW arithmetic, which is Adam's when wd = 0."""
-    group = entry.group
-    entry.param.mul_(1 - group["lr"] * group["weight_decay"])
-    step_size = group["lr"] / bias_correction(group["betas"][0], step)
-    entry.param.addcdiv_(exp_avg, adam_denominator(exp_avg_sq, group, variance_updates), value=-step_size)
+def decay_weights(entry: Entry) -> None:
+    """p ← p·(1 − lr·wd), decoupled weight decay (nothing to do, not even a pass over p, when wd = 0)."""
+    if entry.group["weight_decay"]:
+        entry.param.mul_(1 - entry.group["lr"] * entry.group["weight_decay"])
 
 
-def masked(values: torch.Tensor, exp_avg_sq: torch.Tensor) -> torch.Tensor:
-    """values with 0 where the variance is 0: entries whose gradient was always zero.
+def adam_step(
+    entry: Entry,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: int,
+    variance_updates: int,
+    denominator: torch.Tensor | None = None,
+) -> None:
+    """p ← p·(1 − lr·wd) − lr·m̂/(√v̂ + ε): torch's AdamW arithmetic, which is Adam's when wd = 0.
 
-    A sign cannot say 0, so the decompressed value is ±scale there; the mask keeps those entries at
-    exactly zero (the 1-bit Adam paper's momentum mask).
+    denominator: √v̂ + ε when the caller has it already.
     """
-    return torch.where(exp_avg_sq > 0, values, 0.0)
+    group = entry.group
+    decay_weights(entry)
+    step_size = group["lr"] / bias_correction(group["betas"][0], step)
+    if denominator is None:
+        denominator = adam_denominator(exp_avg_sq, group, variance_updates)
+    entry.param.addcdiv_(exp_avg, denominator, value=-step_size)
+
+
+def zero_dead(values: torch.Tensor, dead: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+    """values with the entries at the indices `dead` (see Frozen) set to 0, in place."""
+    if dead is not None:
+        values.index_put_(dead, values.new_zeros(()))
+    return values
 
 
 def apply_direction(entry: Entry, direction: torch.Tensor, step: int) -> None:
     """p ← p·(1 − lr·wd) − lr·direction/(1 − β₁^step): adam_step with the division by √v̂ + ε already done."""
-    group = entry.group
-    entry.param.mul_(1 - group["lr"] * group["weight_decay"])
-    entry.param.add_(direction, alpha=-group["lr"] / bias_correction(group["betas"][0], step))
+    decay_weights(entry)
+    entry.param.add_(direction, alpha=-entry.group["lr"] / bias_correction(entry.group["betas"][0], step))
+
+
+class Frozen(NamedTuple):
+    """Per-element constants of a stage whose variance is frozen, computed once for the whole stage.
+
+    divisor: flat, the entries back to back (what the 1-bit allreduce divides its input by); dead: per
+    entry, the indices (one tensor per dimension) where the variance is 0 (None where it is nowhere), the
+    entries whose gradient was always zero. A sign cannot say 0, so the decompressed value is ±scale
+    there; zeroing them keeps those entries at exactly zero (the 1-bit Adam paper's momentum mask).
+    Indices, not a boolean mask: they are few, and a masked fill reads the whole mask every time.
+    """
+
+    divisor: torch.Tensor
+    dead: list[tuple[torch.Tensor, ...] | None]
+
+    def divisors(self, entries: Sequence[Entry]) -> list[torch.Tensor]:
+        """The divisor of each entry, shaped like its parameter (views)."""
+        return unflatten(self.divisor, [e.param for e in entries])
 
 
 class CompressedOptimizer(torch.optim.Optimizer):
@@ -139,6 +175,9 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.comm = CompressedAllreduce(group)
         self.dense_bytes_on_wire = 0
         self._averaged_by_hook = False
+        # Derived from frozen state, so never checkpointed: {tag: (key, Frozen)}; dropped on load_state_dict.
+        self._frozen_cache: dict[str, tuple[object, Frozen]] = {}
+        self._scratch = torch.empty(0)
 
     @property
     def world_size(self) -> int:
@@ -163,6 +202,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         """Load moments, step and stage state; the error-feedback buffers restart from zero."""
         super().load_state_dict(state_dict)
         self.reset_compression_errors()
+        self._frozen_cache.clear()
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -223,22 +263,39 @@ class CompressedOptimizer(torch.optim.Optimizer):
                 grad.copy_(averaged)
         return all_finite(flat)
 
-    def _average_compressed(self, tensors: list[torch.Tensor], name: str) -> torch.Tensor | None:
-        """The 1-bit compressed average of the tensors as one flat buffer; None when it is not finite.
+    def _frozen(
+        self, tag: str, key: object, entries: list[Entry], divisor: Callable[[Entry, torch.Tensor], object]
+    ) -> Frozen:
+        """The Frozen constants of `tag` for `key` (built with divisor(entry, out) on first use, then cached
+        until the key changes): the variance they derive from does not change while the key stays."""
+        cached = self._frozen_cache.get(tag)
+        if cached is not None and cached[0] == (key, len(entries)):
+            return cached[1]
+        flat = entries[0].param.new_empty(sum(e.param.numel() for e in entries), dtype=torch.float32)
+        dead = []
+        for entry, out in zip(entries, unflatten(flat, [e.param for e in entries]), strict=True):
+            divisor(entry, out)
+            zero = self._moments(entry.param)[1] == 0
+            dead.append(zero.nonzero(as_tuple=True) if zero.any() else None)
+        frozen = Frozen(flat, dead)
+        self._frozen_cache[tag] = ((key, len(entries)), frozen)
+        return frozen
 
-        A non-finite input on any rank makes the result non-finite on every rank (the scales carry it),
-        so the skip is decided identically everywhere; the poisoned error buffers are dropped.
-        """
-        result = self.comm.allreduce(flatten(tensors), name)
-        if all_finite(result):
-            return result
-        self.comm.reset_errors(name)
-        return None
+    def _workspace(self, like: torch.Tensor, numel: int) -> torch.Tensor:
+        """A flat fp32 scratch buffer of numel elements, reused across steps (fresh big buffers cost page faults)."""
+        if self._scratch.numel() < numel or self._scratch.device != like.device:
+            self._scratch = like.new_empty(numel, dtype=torch.float32)
+        return self._scratch[:numel]
 
     def _average_preconditioned(
-        self, tensors: list[torch.Tensor], denominators: list[torch.Tensor], variances: list[torch.Tensor], name: str
+        self, name: str, entries: list[Entry], frozen: Frozen, fill: Callable[[Entry, torch.Tensor], torch.Tensor]
     ) -> list[torch.Tensor] | None:
-        """The 1-bit average of tensor/denominator per tensor (masked where v = 0); None when it is not finite.
+        """The 1-bit average of fill(entry)/divisor per entry (0 where dead), as views shaped like the parameters
+        (valid until the next call); None when it is not finite.
+
+        fill(entry, out) writes the entry's values straight into the allreduce's input buffer. A non-finite input
+        on any rank makes the result non-finite on every rank (the scales carry it), so the skip is decided
+        identically everywhere; the poisoned error buffers are dropped.
 
         The signs share one scale, the RMS of everything compressed. In momentum (or gradient) units
         that scale is set by the largest entries, and an entry whose variance is tiny would then move
@@ -247,11 +304,18 @@ class CompressedOptimizer(torch.optim.Optimizer):
         which is identical on every rank, every entry is in units of an Adam step, so the compression
         error and its feedback are too; the average is the same linear function of the inputs.
         """
-        local = [masked(t, v).div_(d) for t, d, v in zip(tensors, denominators, variances, strict=True)]
-        averaged = self._average_compressed(local, name)
-        if averaged is None:
+        params = [e.param for e in entries]
+        numel = sum(p.numel() for p in params)
+        local = unflatten(self.comm.input_buffer(name, numel, params[0].device), params)
+        for entry, out, dead in zip(entries, local, frozen.dead, strict=True):
+            zero_dead(fill(entry, out), dead)
+        values, finite = self.comm.reduce(name, frozen.divisor)
+        if not finite:
             return None
-        return [masked(a, v) for a, v in zip(unflatten(averaged, local), variances, strict=True)]
+        averaged = unflatten(values, params)
+        for value, dead in zip(averaged, frozen.dead, strict=True):
+            zero_dead(value, dead)
+        return averaged
 
     def _count_dense(self, tensor: torch.Tensor, world: int) -> None:
         """Add what a ring allreduce of tensor sends per rank: 2·(n−1)/n of its bytes."""
@@ -273,6 +337,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self._count_dense(buffer, world)
         work = dist.all_reduce(buffer.div_(world), group=self.process_group, async_op=True)
         return work.get_future().then(lambda done: done.value()[0])
+
+    def _local_momentum(self, entry: Entry, out: torch.Tensor) -> torch.Tensor:
+        """β₁m + (1−β₁)g with this rank's gradient, into out (m itself is replaced only if the step is taken)."""
+        return torch.lerp(self._moments(entry.param)[0], entry.grad, 1 - entry.group["betas"][0], out=out)
 
     def _moments(self, param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The parameter's first and second moments (exp_avg, exp_avg_sq), zeros on first use."""

@@ -12,6 +12,7 @@ gradient was zero during the whole warm-up (v = 0) keep a zero momentum.
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 from models.optimizers.base import (
@@ -60,14 +61,14 @@ class OnebitAdam(FreezingOptimizer):
 
     def _compressed_step(self, step: int, entries: list[Entry]) -> bool:
         """Local momentum update, one compressed allreduce of m/(√v̂+ε), Adam step with the frozen variance."""
-        moments = [self._moments(e.param) for e in entries]
-        variances = [v for _, v in moments]
-        denominators = [adam_denominator(v, e.group, self.freeze_step) for e, v in zip(entries, variances, strict=True)]
-        local = [m.lerp(e.grad, 1 - e.group["betas"][0]) for e, (m, _) in zip(entries, moments, strict=True)]
-        directions = self._average_preconditioned(local, denominators, variances, "momentum")
+        frozen = self._frozen("denominator", self.freeze_step, entries, self._frozen_denominator)
+        directions = self._average_preconditioned("momentum", entries, frozen, self._local_momentum)
         if directions is None:
             return False
-        for entry, (exp_avg, _), denominator, direction in zip(entries, moments, denominators, directions, strict=True):
-            exp_avg.copy_(direction * denominator)
+        for entry, denominator, direction in zip(entries, frozen.divisors(entries), directions, strict=True):
+            torch.mul(direction, denominator, out=self._moments(entry.param)[0])
             apply_direction(entry, direction, step)
         return True
+
+    def _frozen_denominator(self, entry: Entry, out: torch.Tensor) -> None:
+        adam_denominator(self._moments(entry.param)[1], entry.group, self.freeze_step, out=out)

@@ -88,31 +88,37 @@ class OnebitLamb(FreezingOptimizer):
         """One fused 1-bit momentum allreduce, fresh variance from the momentum difference, frozen-coefficient step."""
         if any("scaling" not in self.state[e.param] for e in entries):
             self._start_compression(entries)
-        moments = [self._moments(e.param) for e in entries]
-        variances = [v for _, v in moments]
+        frozen = self._frozen("denominator", self.freeze_step, entries, self._frozen_denominator)
         # Compressed: m/(√v̂+ε) (in units of Adam steps), times the tensor's scaling coefficient.
-        units = [self._frozen_denominator(e).div_(self.state[e.param]["scaling"]) for e in entries]
-        local = [m.lerp(e.grad, 1 - e.group["betas"][0]) for e, (m, _) in zip(entries, moments, strict=True)]
-        averaged = self._average_preconditioned(local, units, variances, "momentum")
+        units = self._frozen("unit", self.freeze_step, entries, self._unit)
+        averaged = self._average_preconditioned("momentum", entries, units, self._local_momentum)
         if averaged is None:
             return False
-        for entry, (exp_avg, _), unit, scaled in zip(entries, moments, units, averaged, strict=True):
+        for entry, denominator, unit, new_avg in zip(
+            entries, frozen.divisors(entries), units.divisors(entries), averaged, strict=True
+        ):
+            # In place, no fresh buffers: new_avg (the allreduce's output) becomes u, exp_avg holds g̃ and then
+            # √v̂_fresh+ε before it takes the new momentum.
             state = self.state[entry.param]
+            exp_avg = self._moments(entry.param)[0]
             beta1, beta2 = entry.group["betas"]
-            new_avg = scaled.mul_(unit)
-            grad = (new_avg - beta1 * exp_avg) / (1 - beta1)
+            new_avg.mul_(unit)
+            grad = torch.sub(new_avg, exp_avg.mul_(beta1), out=exp_avg).div_(1 - beta1)
             state["exp_avg_sq_fresh"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            fresh = adam_denominator(state["exp_avg_sq_fresh"], entry.group, step, out=grad)
+            state["factor"] = self._clip_factor(torch.div(denominator, fresh, out=fresh).max().item(), state["factor"])
             exp_avg.copy_(new_avg)
-            frozen = self._frozen_denominator(entry)
-            fresh = adam_denominator(state["exp_avg_sq_fresh"], entry.group, step)
-            state["factor"] = self._clip_factor((frozen / fresh).max().item(), state["factor"])
-            update = _lamb_update(entry, exp_avg, frozen, step)
+            update = _lamb_update(entry, exp_avg, denominator, step, out=new_avg)
             entry.param.add_(update, alpha=-entry.group["lr"] * state["lamb_coeff"] * state["factor"])
         return True
 
-    def _frozen_denominator(self, entry: Entry) -> torch.Tensor:
-        """√v̂ + ε of the variance frozen at the end of the warm-up."""
-        return adam_denominator(self._moments(entry.param)[1], entry.group, self.freeze_step)
+    def _frozen_denominator(self, entry: Entry, out: torch.Tensor | None = None) -> torch.Tensor:
+        """√v̂ + ε of the variance frozen at the end of the warm-up (into out when given)."""
+        return adam_denominator(self._moments(entry.param)[1], entry.group, self.freeze_step, out=out)
+
+    def _unit(self, entry: Entry, out: torch.Tensor) -> None:
+        """What the momentum is divided by before compression: √v̂+ε over the tensor's scaling coefficient."""
+        self._frozen_denominator(entry, out).div_(self.state[entry.param]["scaling"])
 
     def _start_compression(self, entries: list[Entry]) -> None:
         """Fix the scaling coefficients (equal RMS of m/(√v̂+ε) per tensor); the fresh variance starts as the frozen one.
@@ -142,7 +148,11 @@ class OnebitLamb(FreezingOptimizer):
         return min(max(factor, low), high)
 
 
-def _lamb_update(entry: Entry, exp_avg: torch.Tensor, denominator: torch.Tensor, step: int) -> torch.Tensor:
-    """u = m̂/(√v̂+ε) + wd·p, the direction LAMB scales per tensor."""
-    update = exp_avg.div(denominator).div_(bias_correction(entry.group["betas"][0], step))
-    return update.add_(entry.param, alpha=entry.group["weight_decay"])
+def _lamb_update(
+    entry: Entry, exp_avg: torch.Tensor, denominator: torch.Tensor, step: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """u = m̂/(√v̂+ε) + wd·p, the direction LAMB scales per tensor (into out when given)."""
+    update = torch.div(exp_avg, denominator, out=out).div_(bias_correction(entry.group["betas"][0], step))
+    if entry.group["weight_decay"]:
+        update.add_(entry.param, alpha=entry.group["weight_decay"])
+    return update

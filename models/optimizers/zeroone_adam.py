@@ -30,18 +30,18 @@ import torch.distributed as dist
 from models.optimizers.base import (
     CompressedOptimizer,
     Entry,
+    Frozen,
     Params,
     adam_denominator,
     adam_step,
     all_finite,
     bias_correction,
     fires,
-    flatten,
-    masked,
     require_step_count,
     schedule_events,
     unflatten,
     update_moments,
+    zero_dead,
 )
 
 log = logging.getLogger(__name__)
@@ -101,30 +101,37 @@ class ZeroOneAdam(CompressedOptimizer):
         if grads is None:
             return False
         variance_updates = self.variance_updates(step)
-        for entry, grad in zip(entries, grads, strict=True):
+        # Between refreshes the variance is frozen: its denominators are the ones the compression used.
+        denominators = [None] * len(entries) if refresh else self._frozen_state(step, entries).divisors(entries)
+        for entry, grad, denominator in zip(entries, grads, denominators, strict=True):
             exp_avg, exp_avg_sq = self._moments(entry.param)
             if refresh:
                 update_moments(exp_avg, exp_avg_sq, grad, entry.group["betas"])
             else:
                 exp_avg.lerp_(grad, 1 - entry.group["betas"][0])
-            adam_step(entry, exp_avg, exp_avg_sq, step, variance_updates)
+            adam_step(entry, exp_avg, exp_avg_sq, step, variance_updates, denominator)
         return True
 
     def _averaged_gradients(self, step: int, entries: list[Entry], full_precision: bool) -> list[torch.Tensor] | None:
         """Phase A's gradients: averaged exactly on refresh steps, otherwise by the 1-bit allreduce of g/(√v̂+ε)."""
         if full_precision:
             return [e.grad for e in entries] if self._average_gradients(entries) else None
-        variances = [self._moments(e.param)[1] for e in entries]
-        denominators = self._denominators(step, entries)
-        directions = self._average_preconditioned([e.grad for e in entries], denominators, variances, "gradient")
+        frozen = self._frozen_state(step, entries)
+        directions = self._average_preconditioned("gradient", entries, frozen, lambda e, out: out.copy_(e.grad))
         if directions is None:
             return None
-        return [direction.mul_(d) for direction, d in zip(directions, denominators, strict=True)]
+        return [direction.mul_(d) for direction, d in zip(directions, frozen.divisors(entries), strict=True)]
 
-    def _denominators(self, step: int, entries: list[Entry]) -> list[torch.Tensor]:
-        """√v̂ + ε of every entry at this step (v̂ corrected for the refreshes so far); identical on every rank."""
+    def _frozen_state(self, step: int, entries: list[Entry]) -> Frozen:
+        """√v̂ + ε of every entry at this step (v̂ corrected for the refreshes so far), identical on every rank,
+        and where v = 0; recomputed only when a refresh has changed the variance."""
         count = self.variance_updates(step)
-        return [adam_denominator(self._moments(e.param)[1], e.group, count) for e in entries]
+        return self._frozen(
+            "denominator",
+            count,
+            entries,
+            lambda e, out: adam_denominator(self._moments(e.param)[1], e.group, count, out=out),
+        )
 
     def _local_step(self, step: int, entries: list[Entry]) -> None:
         """A rank-local Adam step with the frozen variance, accumulated for the next synchronisation.
@@ -136,34 +143,48 @@ class ZeroOneAdam(CompressedOptimizer):
         finite = all(all_finite(e.grad) for e in entries)
         if not finite:
             log.warning("0/1 Adam local step %d dropped on this rank: its gradient is not finite", step)
-        for entry, state, denominator in zip(entries, states, self._denominators(step, entries), strict=True):
+        frozen = self._frozen_state(step, entries)
+        directions = unflatten(self._workspace(entries[0].param, frozen.divisor.numel()), [e.param for e in entries])
+        for entry, state, denominator, dead, direction in zip(
+            entries, states, frozen.divisors(entries), frozen.dead, directions, strict=True
+        ):
             lr, keep = entry.group["lr"], 1 - entry.group["lr"] * entry.group["weight_decay"]
             # The decay and Σlr follow the schedule, not the data: they must match on every rank.
-            entry.param.mul_(keep)
-            state["accumulated_update"].mul_(keep)
+            if keep != 1:
+                entry.param.mul_(keep)
+                state["accumulated_update"].mul_(keep)
             state["lr_sum"] += lr
             state["decay"] *= keep
             if not finite:
                 continue
-            exp_avg, exp_avg_sq = self._moments(entry.param)
-            exp_avg.copy_(masked(exp_avg.lerp(entry.grad, 1 - entry.group["betas"][0]), exp_avg_sq))
-            direction = exp_avg.div(denominator).div_(bias_correction(entry.group["betas"][0], step))
+            exp_avg = self._moments(entry.param)[0].lerp_(entry.grad, 1 - entry.group["betas"][0])
+            zero_dead(exp_avg, dead)
+            torch.div(exp_avg, denominator, out=direction).div_(bias_correction(entry.group["betas"][0], step))
             entry.param.add_(direction, alpha=-lr)
             state["accumulated_update"].add_(direction, alpha=lr)
 
     def _synchronise(self, step: int, entries: list[Entry]) -> None:
         """Average the accumulated updates in 1 bit, move every rank to the common point, rebuild the momentum."""
-        updates = [self.state[e.param]["accumulated_update"] for e in entries]
-        averaged = self.comm.allreduce(flatten(updates), "update")
-        denominators = self._denominators(step, entries)
-        for entry, update, denominator in zip(entries, unflatten(averaged, updates), denominators, strict=True):
+        params = [e.param for e in entries]
+        numel = sum(p.numel() for p in params)
+        inputs = unflatten(self.comm.input_buffer("update", numel, params[0].device), params)
+        for entry, local in zip(entries, inputs, strict=True):
+            local.copy_(self.state[entry.param]["accumulated_update"])
+        averaged = unflatten(self.comm.reduce("update").values, params)
+        frozen = self._frozen_state(step, entries)
+        for entry, update, denominator, dead in zip(
+            entries, averaged, frozen.divisors(entries), frozen.dead, strict=True
+        ):
             state = self.state[entry.param]
-            exp_avg, exp_avg_sq = self._moments(entry.param)
-            update = masked(update, exp_avg_sq)
-            entry.param.copy_(state["anchor"]).mul_(state["decay"]).sub_(update)
+            exp_avg = self._moments(entry.param)[0]
+            zero_dead(update, dead)
+            entry.param.copy_(state["anchor"])
+            if state["decay"] != 1:
+                entry.param.mul_(state["decay"])
+            entry.param.sub_(update)
             if state["lr_sum"] > 0:  # a zero learning rate all interval long leaves nothing to rebuild from
                 scale = bias_correction(entry.group["betas"][0], step) / state["lr_sum"]
-                exp_avg.copy_(update).mul_(denominator).mul_(scale)
+                torch.mul(update, denominator, out=exp_avg).mul_(scale)
             state["anchor"].copy_(entry.param)
             state["accumulated_update"].zero_()
             state["lr_sum"], state["decay"] = 0.0, 1.0
