@@ -190,6 +190,23 @@ class Event(Base):
     start_notified: Mapped[bool] = mapped_column(Boolean, default=False)
     end_notified: Mapped[bool] = mapped_column(Boolean, default=False)
 
+    def described(self) -> dict[str, Any]:
+        """What the API and the notifications say of it: its own columns under their public names, times in UTC."""
+        return {
+            "id": self.id,
+            "uid": self.uid,
+            "edge": self.edge_id,
+            "camera": self.camera,
+            "filter": self.filter,
+            "start_frame": self.start_frame,
+            "end_frame": self.end_frame,
+            "start_time": self.start_time,
+            "end_time": self.end_time,
+            "peak_score": self.peak_score,
+            "started_at": as_utc(self.started_at),
+            "ended_at": as_utc(self.ended_at) if self.ended_at else None,
+        }
+
 
 class EventFrame(Base):
     """Which stored frames belong to which events (by event uid: see the module doc)."""

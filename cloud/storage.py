@@ -37,7 +37,6 @@ from cloud.db import (
     Fragment,
     Received,
     StoredFrame,
-    as_utc,
     thumbnail_of,
     utcnow,
 )
@@ -250,21 +249,7 @@ def _close_abandoned(session: Session, edge: str, run: str) -> list[int]:
 
 
 def _record(session: Session, event: Event) -> EventRecord:
-    return EventRecord(
-        id=event.id,
-        uid=event.uid,
-        edge=event.edge_id,
-        camera=event.camera,
-        filter=event.filter,
-        start_frame=event.start_frame,
-        end_frame=event.end_frame,
-        start_time=event.start_time,
-        end_time=event.end_time,
-        peak_score=event.peak_score,
-        started_at=as_utc(event.started_at),
-        ended_at=as_utc(event.ended_at) if event.ended_at else None,
-        thumbnail=session.scalar(select(thumbnail_of(event))),
-    )
+    return EventRecord(**event.described(), thumbnail=session.scalar(select(thumbnail_of(event))))
 
 
 class Storage:

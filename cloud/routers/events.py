@@ -190,18 +190,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, int]:
 
 def event_out(event: Event, frames: int, thumbnail: int | None) -> EventOut:
     return EventOut(
-        id=event.id,
-        uid=event.uid,
-        edge=event.edge_id,
-        camera=event.camera,
-        filter=event.filter,
-        start_frame=event.start_frame,
-        end_frame=event.end_frame,
-        start_time=event.start_time,
-        end_time=event.end_time,
-        peak_score=event.peak_score,
-        started_at=event.started_at,
-        ended_at=event.ended_at,
+        **event.described(),
         open=event.ended_at is None,
         frames=frames,
         thumbnail_url=frame_path(thumbnail) if thumbnail is not None else None,
