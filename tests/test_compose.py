@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -529,7 +530,12 @@ def test_the_camera_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("dockerfile", sorted((REPO / "deploy").glob("Dockerfile.*")), ids=lambda p: p.name)
 def test_every_folder_a_dockerfile_copies_enters_the_build_context(dockerfile: Path) -> None:
-    """.dockerignore admits only what it names: a package left out fails the image build, not this machine."""
+    """.dockerignore admits only what it names: a package left out fails the image build, not this machine.
+    `COPY . ` copies the whole admitted context, which must then hold every package pyproject.toml installs."""
     admitted = {line[1:].rstrip("/") for line in (REPO / ".dockerignore").read_text().splitlines() if line[:1] == "!"}
     copied = re.findall(r"^COPY (?!--)(\S+) ", dockerfile.read_text(), flags=re.MULTILINE)
+    if "." in copied:
+        packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+        copied = [source for source in copied if source != "."]
+        copied += ["pyproject.toml", "README.md", *(name.rstrip("*") for name in packages["include"])]
     assert copied and not [source for source in copied if source not in admitted]
