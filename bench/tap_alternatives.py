@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from models.roi import FULL_FRAME
 from models.training import TrainConfig, TrainingData, cross_validate, fit_mc, load_training_data, predict
 
 COLUMNS = ("mid", "late", "rule", "averaged", "stacked")
+Outcome = Callable[[Case], Iterator[tuple[int, dict[str, float]]]]  # a case -> (seed, test F1 per column) ...
 
 
 def logit(p: np.ndarray) -> np.ndarray:
@@ -113,25 +114,48 @@ def _labels(dataset: LabelledDataset, case: Case) -> np.ndarray:
     return np.asarray(dataset.labels[case.event][: case.train_stop])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def dev_arguments(description: str, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options of the development checks on tap_rule.py's cases."""
+    parser = argparse.ArgumentParser(description=description.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="folder with the clips")
     parser.add_argument("--seeds", type=seed_range, default=(0, 1, 2), help="seeds, e.g. 0-2 (default)")
     parser.add_argument("--size", choices=("default", "half"), default="half")
-    args = parser.parse_args(argv)
-    taken: dict[str, list[float]] = {column: [] for column in COLUMNS}
-    print(f"{'case':<34} {'seed':>4}  " + "  ".join(f"{c:>8}" for c in COLUMNS))
-    for case in CASES:
+    return parser.parse_args(argv)
+
+
+def print_line(label: str, values: Sequence[str], width: int) -> None:
+    print(f"{label:<44} " + "  ".join(f"{v:>{width}}" for v in values), flush=True)
+
+
+def print_summary(taken: dict[str, list[float]], width: int) -> None:
+    """Mean and worst test event F1 of each column."""
+    print()
+    print_line("test event F1: mean", [f"{statistics.fmean(v):.3f}" for v in taken.values()], width)
+    print_line("worst", [f"{min(v):.3f}" for v in taken.values()], width)
+
+
+def run_checks(cases: Sequence[Case], columns: Sequence[str], width: int, outcome: Outcome) -> None:
+    """Print each case's and seed's test event F1 per column, then each column's mean and worst."""
+    taken: dict[str, list[float]] = {column: [] for column in columns}
+    print_line("case, seed", columns, width)
+    for case in cases:
+        for seed, out in outcome(case):
+            print_line(f"{case.clip} {case.event} {seed}", [f"{out[c]:.3f}" for c in columns], width)
+            for column in columns:
+                taken[column].append(out[column])
+    print_summary(taken, width)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    args = dev_arguments(__doc__, argv)
+
+    def outcome(case: Case) -> Iterator[tuple[int, dict[str, float]]]:
         dataset = open_clip(case_clip(case), args.data)
         for seed in args.seeds:
-            out = run_case(case, dataset, input_size(dataset, args.size), seed)
-            print(f"{case.clip + ' ' + case.event:<34} {seed:>4}  " + "  ".join(f"{out[c]:8.3f}" for c in COLUMNS))
-            for column in COLUMNS:
-                taken[column].append(out[column])
-    print(f"\n{'test event F1':<34} {'':>4}  " + "  ".join(f"{c:>8}" for c in COLUMNS))
-    print(f"{'mean':<34} {'':>4}  " + "  ".join(f"{statistics.fmean(taken[c]):8.3f}" for c in COLUMNS))
-    print(f"{'worst':<34} {'':>4}  " + "  ".join(f"{min(taken[c]):8.3f}" for c in COLUMNS))
+            yield seed, run_case(case, dataset, input_size(dataset, args.size), seed)
+
+    run_checks(CASES, COLUMNS, 8, outcome)
     return 0
 
 

@@ -245,8 +245,10 @@ class Discrete(MicroClassifier):
 
 
 class Ensemble(MicroClassifier):
-    """Members of one single-frame kind trained from different seeds, their logits averaged: one graph on the
-    edge, and a seed that happens to miss a new occurrence is outvoted by the others."""
+    """Members of one single-frame kind trained from different seeds, combined by their median logit: one graph on
+    the edge, and a seed that happens to miss a new occurrence is outvoted by the others. The median, unlike the
+    mean, also outvotes a member that is confidently wrong (a logit far from the others': bench/ensemble_combine.py).
+    """
 
     def __init__(self, members: list[MicroClassifier]):
         super().__init__()
@@ -258,11 +260,18 @@ class Ensemble(MicroClassifier):
         self.mask = None  # each member masks its own input
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        return torch.stack([member.logits(features) for member in self.members]).mean(dim=0)
+        return median(torch.stack([member.logits(features) for member in self.members]))
 
     def cell_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """The members' per-cell logits averaged (full-frame members only)."""
-        return torch.stack([member.cell_logits(features) for member in self.members]).mean(dim=0)
+        """The members' per-cell median logits (full-frame members only)."""
+        return median(torch.stack([member.cell_logits(features) for member in self.members]))
+
+
+def median(stacked: torch.Tensor) -> torch.Tensor:
+    """The median over the first dimension (the mean of the middle two for an even count); a sort exports to ONNX."""
+    ordered = stacked.sort(dim=0).values
+    middle = ordered.shape[0] // 2
+    return ordered[middle] if ordered.shape[0] % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def build_mc(

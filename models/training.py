@@ -148,7 +148,7 @@ class TrainConfig:
     device: str = "cpu"
     # MCs are tiny: one CPU thread is as fast as several and does not collapse when cores are shared.
     threads: int = 1
-    ensemble: int = 1  # members (single-frame kinds) sharing `steps`, their logits averaged in one graph
+    ensemble: int = 1  # members (single-frame kinds) sharing `steps`, their median logit in one graph
 
     @property
     def member_steps(self) -> int:

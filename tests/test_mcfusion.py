@@ -15,6 +15,7 @@ from models.basednn import BaseDNN, pixels
 from models.datasets import open_dataset
 from models.filterspec import FilterSpec
 from models.roi import ROI
+from models.taps import EFFICIENTNET_LITE0_TAPS
 
 SIZE = (384, 224)
 LEFT = ROI(x0=0.0, y0=0.0, x1=0.5, y1=1.0)
@@ -30,6 +31,23 @@ def base() -> BaseDNN:
 @pytest.fixture(scope="module")
 def frames(intel_car, base: BaseDNN) -> list[np.ndarray]:
     return [base.prepare(image) for _, image in open_dataset(intel_car).frames(190, 196)]
+
+
+def ensemble_filter(name: str, roi: ROI) -> tuple[FilterSpec, bytes]:
+    """A three-seed full-frame ensemble on `late` (the default filter's graph: members and their median)."""
+    import torch
+
+    from models.mc_export import export_mc
+    from models.microclassifiers import Ensemble, build_mc
+
+    spec = FilterSpec(name=name, architecture="full_frame", tap="late", input_size=SIZE, roi=roi)
+    channels, height, width = EFFICIENTNET_LITE0_TAPS["late"].shape(SIZE)
+    crop = (channels, *roi.cell_shape(height, width))
+    members = []
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        members.append(build_mc("full_frame", channels, crop[1:]))
+    return spec, export_mc(Ensemble(members), crop)
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +117,7 @@ def graphs(bank: MCBank) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_fused_scores_equal_each_model_alone_over_frames(fleet, base: BaseDNN, frames, workers: int) -> None:
+    fleet = [*fleet, ensemble_filter("ens-left", LEFT)]  # the default filter's graph fuses too
     bank = bank_with(base, fleet, workers)
     partners = graphs(bank)
     assert set(partners) == {spec.name for spec, _ in fleet}  # every MC runs fused
