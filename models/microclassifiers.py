@@ -260,18 +260,19 @@ class Ensemble(MicroClassifier):
         self.mask = None  # each member masks its own input
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        return median(torch.stack([member.logits(features) for member in self.members]))
+        return median([member.logits(features) for member in self.members])
 
     def cell_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The members' per-cell median logits (full-frame members only)."""
-        return median(torch.stack([member.cell_logits(features) for member in self.members]))
+        return median([member.cell_logits(features) for member in self.members])
 
 
-def median(stacked: torch.Tensor) -> torch.Tensor:
-    """The median over the first dimension (the mean of the middle two for an even count); a sort exports to ONNX."""
-    ordered = stacked.sort(dim=0).values
-    middle = ordered.shape[0] // 2
-    return ordered[middle] if ordered.shape[0] % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+def median(values: list[torch.Tensor]) -> torch.Tensor:
+    """The elementwise median of same-shaped tensors (the mean of the middle two for an even count); the sort
+    exports to ONNX, and the count is a Python int, a constant of the exported graph."""
+    ordered = torch.stack(values).sort(dim=0).values
+    middle = len(values) // 2
+    return ordered[middle] if len(values) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def build_mc(
