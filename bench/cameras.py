@@ -668,10 +668,10 @@ def plot(runs: list[Run], hd: list[Run], settings: Settings, path: Path) -> None
         axis.set_ylim(bottom=0)
         axis.legend()
     if hd:
-        labels = [f"{r.variant}\n{r.input_size[0]}x{r.input_size[1]}" for r in hd]
+        labels = [f"{r.variant} {r.input_size[0]}x{r.input_size[1]}" for r in hd]
         axes[2].bar(range(len(hd)), [r.total("fps") for r in hd], color=["C2" if r.realtime else "C3" for r in hd])
         axes[2].axhline(CAMERA_FPS, color="grey", linestyle=":")
-        axes[2].set_xticks(range(len(hd)), labels, fontsize=7)
+        axes[2].set_xticks(range(len(hd)), labels, fontsize=7, rotation=30, ha="right")
         axes[2].set(ylabel="frames/s processed", title="one 1080p camera at 12.5 fps (green: real time)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
