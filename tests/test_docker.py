@@ -35,7 +35,7 @@ from docker_engine import (
     wheel_server,
 )
 from support import free_port
-from test_compose import COMPOSE, DASHBOARD_TOKEN, EDGE_BOX, FILTER, OPERATOR_TOKEN, read_compose, seconds
+from test_compose import COMPOSE, DASHBOARD_TOKEN, EDGE_BOX, FILTER, OPERATOR_TOKEN, read_compose, require_free, seconds
 
 pytestmark = pytest.mark.slow
 
@@ -288,6 +288,7 @@ def test_all_in_one_compose_stores_matched_frames_and_loses_none_across_an_edge_
         "FF_OPERATOR_TOKEN": OPERATOR_TOKEN, "FF_DASHBOARD_TOKEN": DASHBOARD_TOKEN, "FF_CLIP": str(short_clip),
         "FF_HTTP_PORT": str(port),
     }  # fmt: skip
+    require_free({5555, 5556})  # published as declared
     stack = Stack(engine, COMPOSE, env, tmp_path)
     stacks.append(stack)
     stack.compose("up", "--detach", "--no-build")
@@ -336,6 +337,7 @@ def test_an_edge_box_sends_to_a_cloud_on_the_host(
 ) -> None:  # fmt: skip
     """deploy/compose.edge.yml with its replayed camera, sending to a cloud process on the host (bound to the box's
     network gateway), with the key exchange of docs/deploy.md."""
+    require_free({5555, 5556})  # the cloud's, as deploy/compose/edge.yaml sends to them
     env = {"FF_EDGE_ID": "edge-2", "FF_CLIP": str(short_clip), "FF_CLOUD_ADDRESS": "cloud.invalid"}
     box = Stack(engine, EDGE_BOX, env, tmp_path / "box", "camera")
     stacks.append(box)
