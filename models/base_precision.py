@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from models.base_export import BASE_MODEL_NAME, ensure_base_model, export_base_model, file_digest
+from models.base_export import BASE_MODEL_NAME, default_base_model_path, ensure_base_model, file_digest
 from models.base_identity import PRECISION_KEY, metadata, set_identity
 from models.basednn import resize
 from models.cache import cache_dir
@@ -45,6 +45,9 @@ CALIBRATION_KEY = "calibration"
 
 
 def default_precision_path(precision: str) -> Path:
+    """Where an export goes by default: fp32 is the file the edge and training use when no base_model is set."""
+    if precision == "fp32":
+        return default_base_model_path()
     return cache_dir("base") / f"{BASE_MODEL_NAME}-{precision}.onnx"
 
 
@@ -63,7 +66,7 @@ def export_precision(
     check_precision(precision)
     out = Path(out) if out else default_precision_path(precision)
     if precision == "fp32":
-        return export_base_model(out)
+        return ensure_base_model(out)  # an existing export is kept: filters record its digest
     images = calibration_frames(calibration, frames, check_size(input_size)) if precision == "int8" else None
     source = ensure_base_model()
     wanted = {SOURCE_KEY: file_digest(source)}

@@ -179,3 +179,12 @@ def test_cli_lists_what_the_modules_accept() -> None:
     assert all(precision in models_command.PRECISIONS_HELP for precision in PRECISIONS)
     assert models_command.RUNTIMES == RUNTIMES
     assert str(DEFAULT_CALIBRATION_FRAMES) in models_command.DEFAULT_FRAMES_HELP
+
+
+def test_the_default_fp32_export_is_the_file_the_edge_reads(base_model: Path, capsys: pytest.CaptureFixture) -> None:
+    from models.base_export import default_base_model_path
+
+    digest = file_digest(base_model)
+    assert main(["models", "export"]) == 0
+    assert capsys.readouterr().out.strip() == str(default_base_model_path()) == str(base_model)
+    assert file_digest(base_model) == digest  # kept, not re-exported: trained filters record this digest
