@@ -18,7 +18,7 @@ from edge.config import CameraConfig, EdgeConfig, SpoolConfig
 from edge.filtersync import FilterSync
 from edge.mcbank import MCBank
 from edge.node import EdgeNode
-from models.filterspec import FilterSpec
+from models.filterspec import Encoding, FilterSpec
 from models.taps import EFFICIENTNET_LITE0_TAPS
 
 SIZE = (128, 96)
@@ -156,7 +156,8 @@ def test_after_a_cloud_restart_the_edge_catches_up(
 def test_an_edge_node_runs_the_cloud_s_filters_and_sends_its_matches_up(
     cloud: Cloud, registry: Registry, make_filter, short_clip: Path, base_model: Path, tmp_path: Path
 ) -> None:
-    registry.create(*make_filter("full_frame", "late", SIZE, name="always", bias=10.0))
+    jpeg = Encoding(kind="jpeg")  # one message per frame: the seqs below are the 40 frames'
+    registry.create(*make_filter("full_frame", "late", SIZE, name="always", bias=10.0, encoding=jpeg))
     config = EdgeConfig(
         edge_id=EDGE,
         base_model=base_model,
