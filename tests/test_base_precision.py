@@ -181,10 +181,17 @@ def test_cli_lists_what_the_modules_accept() -> None:
     assert str(DEFAULT_CALIBRATION_FRAMES) in models_command.DEFAULT_FRAMES_HELP
 
 
-def test_the_default_fp32_export_is_the_file_the_edge_reads(base_model: Path, capsys: pytest.CaptureFixture) -> None:
+def test_the_default_fp32_export_is_the_file_the_edge_reads(
+    base_model: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import shutil
+
     from models.base_export import default_base_model_path
 
-    digest = file_digest(base_model)
+    monkeypatch.setenv("FILTERFORWARD_CACHE", str(tmp_path))
+    cached = default_base_model_path()  # its folder made by the cache
+    shutil.copyfile(base_model, cached)  # an edge's cache that already holds its export
     assert main(["models", "export"]) == 0
-    assert capsys.readouterr().out.strip() == str(default_base_model_path()) == str(base_model)
-    assert file_digest(base_model) == digest  # kept, not re-exported: trained filters record this digest
+    assert capsys.readouterr().out.strip() == str(cached)
+    assert sorted(p.name for p in cached.parent.iterdir()) == [cached.name]  # no second, fp32-named file
+    assert file_digest(cached) == file_digest(base_model)  # kept, not re-exported: filters record this digest
