@@ -80,11 +80,16 @@ class Stats(_Header):
     uplink: dict[str, float | bool | str] = Field(default_factory=dict)
 
 
-class FrameHeader(_Header):
-    type: Literal["frame"] = "frame"
+class _Stored(_Header):
+    """A message the cloud stores exactly once: by its edge and that edge's sequence number."""
+
     edge: str = Field(pattern=ID_PATTERN)
     run: str = Field(min_length=1, max_length=64)
     seq: Seq
+
+
+class FrameHeader(_Stored):
+    type: Literal["frame"] = "frame"
     camera: str = Field(pattern=ID_PATTERN)
     frame: FrameIndex = Field(description="frame index in the camera's stream")
     timestamp: StreamTime
@@ -106,24 +111,18 @@ class EventInfo(_Header):
     peak_frame: FrameIndex | None = Field(None, description="the frame with the peak score (null: an older edge)")
 
 
-class EventHeader(_Header):
+class EventHeader(_Stored):
     type: Literal["event"] = "event"
-    edge: str = Field(pattern=ID_PATTERN)
-    run: str = Field(min_length=1, max_length=64)
-    seq: Seq
     phase: Literal["start", "end"]
     wall_time: WallTime = Field(description="unix time at the edge when the event started or ended")
     event: EventInfo
     payload: Literal["mp4", "none"] = "none"
 
 
-class FragmentHeader(_Header):
+class FragmentHeader(_Stored):
     """About a second of a camera's matched-frame H.264 stream; the payload is a packed common.fragment."""
 
     type: Literal["fragment"] = "fragment"
-    edge: str = Field(pattern=ID_PATTERN)
-    run: str = Field(min_length=1, max_length=64)
-    seq: Seq
     camera: str = Field(pattern=ID_PATTERN)
     wall_time: WallTime = Field(description="unix time at the edge when the fragment closed")
     payload: Literal["h264"] = "h264"

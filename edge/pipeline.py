@@ -161,7 +161,8 @@ class CameraPipeline:
         scores = self.bank.score(mcs, taps, prepared, self.state)
         self.stats.base_seconds += scored - started
         self.stats.mc_seconds += time.perf_counter() - scored
-        self._last_scores, self._scored_by = scores, _filters_of(mcs)
+        if self.gate is not None:  # what a frame the gate skips will reuse
+            self._last_scores, self._scored_by = scores, _filters_of(mcs)
         return scores
 
     def _decide(self, frame: Frame, scores: dict[str, float]) -> dict[str, bool]:
