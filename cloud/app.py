@@ -30,6 +30,8 @@ from starlette.routing import Match
 
 from cloud import retention
 from cloud.config import CloudConfig
+from cloud.dataset_folders import DatasetFolders
+from cloud.datasets import Datasets
 from cloud.db import make_engine, session_factory
 from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
@@ -37,7 +39,7 @@ from cloud.metrics import ServiceCollector
 from cloud.notify import Notifier
 from cloud.publisher import Publisher
 from cloud.registry import Registry, RegistryError
-from cloud.routers import edges, events, filters, stats
+from cloud.routers import datasets, edges, events, filters, stats, training
 from cloud.schemas import Health, errors
 from cloud.storage import Storage
 from models.errors import FilterForwardError, validation_summary
@@ -57,6 +59,7 @@ class Services:
     store: FrameStore
     storage: Storage
     registry: Registry
+    datasets: Datasets
     notifier: Notifier
     ingest: Ingest
     publisher: Publisher
@@ -77,7 +80,7 @@ def create_app(config: CloudConfig, services: Services) -> FastAPI:
     )
     app.state.config = config
     app.state.services = services
-    for module in (filters, edges, events, stats):
+    for module in (filters, edges, events, stats, datasets, training):
         app.include_router(module.router, prefix="/api")
     app.add_exception_handler(RegistryError, _registry_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -102,11 +105,12 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     sessions = session_factory(engine)
     store = FrameStore(config.data_dir / "frames")
     retention.clean_orphans(store, older_than=0)  # nothing writes yet: every temporary file is an orphan
-    storage = Storage(sessions, store)
+    datasets = Datasets(sessions, DatasetFolders(config.data_dir / "datasets"))
+    storage = Storage(sessions, store, datasets)
     notifier = Notifier(config, config.base_url)
     stack.callback(notifier.close)  # after the ingest stops: flushes what it queued
     sweep_now = threading.Event()  # the ingest sets it on a full disk: retention runs early
-    ingest = Ingest(config, storage, sessions, notify=notifier.publish, on_disk_full=sweep_now.set)
+    ingest = Ingest(config, storage, sessions, notify=notifier.publish, on_disk_full=sweep_now.set, datasets=datasets)
     ingest.start()
     stack.callback(ingest.stop)
     filters_changed = threading.Event()  # the registry sets it after each committed change: the publisher sends it
@@ -120,7 +124,7 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     counts = {"ingest": lambda: {**ingest.counts, **publisher.counts}, "notify": lambda: notifier.counts}
     metrics_registry.register(ServiceCollector(sessions, config, counts, ingest.last_heard))
     registry = Registry(sessions, config.max_upload_bytes, on_change=filters_changed.set)
-    return Services(engine, sessions, store, storage, registry, notifier, ingest, publisher, metrics_registry)
+    return Services(engine, sessions, store, storage, registry, datasets, notifier, ingest, publisher, metrics_registry)
 
 
 def _open_database(url: str) -> Engine:

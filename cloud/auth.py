@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 _bearer = HTTPBearer(auto_error=False, description="a token from the cloud config's `tokens` list")
 
 
-def require(scope: Scope) -> Callable[..., TokenConfig]:
-    """A dependency that admits a request only with a known bearer token that has `scope`."""
+def require(*scopes: Scope) -> Callable[..., TokenConfig]:
+    """A dependency that admits a request only with a known bearer token that has one of `scopes`."""
 
     def check(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
@@ -29,10 +29,10 @@ def require(scope: Scope) -> Callable[..., TokenConfig]:
         if token is None:
             log.warning("refused a request to %s with an unknown token", request.url.path)
             raise _unauthorized("unknown token: use one listed in the cloud config's tokens")
-        if scope not in token.scopes:
+        if not set(scopes) & set(token.scopes):
+            wanted = " or ".join(f"'{scope}'" for scope in scopes)
             raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"token '{token.name}' lacks the '{scope}' scope: use a token that has it",
+                status.HTTP_403_FORBIDDEN, f"token '{token.name}' lacks the {wanted} scope: use a token that has it"
             )
         return token
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from cloud.notify import CHANNELS
 from common.configfile import ConfigPath, FolderPath, read_config
 
-Scope = Literal["read", "write"]
+Scope = Literal["read", "write", "train"]  # train: a trainer service taking training jobs
 
 
 class TokenConfig(BaseModel):
@@ -53,6 +53,15 @@ class RetentionConfig(BaseModel):
     interval: float = Field(60.0, gt=0, description="seconds between retention sweeps")
 
 
+class TrainingConfig(BaseModel):
+    """Training jobs (docs/studio.md): how long a trainer holds a job between progress reports."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lease: float = Field(60.0, gt=0, description="seconds a running job stays with a trainer that stops reporting")
+    attempts: int = Field(3, ge=1, le=100, description="claims of a job whose trainers all died before it fails")
+
+
 def notification_keys() -> type[BaseModel]:
     """A model with one key per notification channel type (mqtt, webhooks), holding the settings it takes."""
     return create_model("Notifications", **{channel.name: channel.field for channel in CHANNELS.values()})
@@ -71,6 +80,7 @@ class CloudConfig(notification_keys()):
     tokens: list[TokenConfig] = Field(min_length=1)
     zmq: ZmqConfig
     retention: RetentionConfig = RetentionConfig()
+    training: TrainingConfig = TrainingConfig()
     max_upload_bytes: int = Field(16 * 2**20, gt=0, description="limit on an uploaded MC model")
 
     @property

@@ -90,6 +90,7 @@ class Edge(Base):
     filters_version: Mapped[int] = mapped_column(Integer, default=0)
     stats: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="the uplink part of its last stats message")
     base_model: Mapped[dict[str, Any] | None] = mapped_column(doc="the base DNN it runs (its last hello)")
+    input_size: Mapped[list[int] | None] = mapped_column(JSON, doc="its base DNN's input [width, height]")
 
 
 class Camera(Base):
@@ -229,6 +230,85 @@ def thumbnail_of(of: type[Event] | Event) -> ColumnElement[int]:
     peak = frames.where(StoredFrame.frame_index == of.peak_frame).order_by(StoredFrame.id).limit(1)
     first = frames.order_by(StoredFrame.frame_index, StoredFrame.id).limit(1)
     return func.coalesce(peak.scalar_subquery(), first.scalar_subquery())
+
+
+class Dataset(Base):
+    """A labelled dataset kept by the cloud (docs/datasets.md's folder under data_dir/datasets/<name>): footage an
+    edge camera recorded on request, or an uploaded clip. Its labels are Label rows, written to labels.csv as they
+    change, so the CLI reads the folder as it is."""
+
+    __tablename__ = "datasets"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    source: Mapped[str] = mapped_column(String(16), doc="footage | upload")
+    edge_id: Mapped[str | None] = mapped_column(String(64))
+    camera: Mapped[str | None] = mapped_column(String(64))
+    request: Mapped[str | None] = mapped_column(
+        String(64), unique=True, doc="footage: the request's id at the edge (a name deleted and reused gets another)"
+    )
+    every: Mapped[float] = mapped_column(Float, default=0.0, doc="footage: seconds between frames (0: every frame)")
+    duration: Mapped[float] = mapped_column(Float, default=0.0, doc="footage: seconds of stream time covered")
+    max_frames: Mapped[int] = mapped_column(Integer, default=0)
+    status: Mapped[str] = mapped_column(String(16), doc="requested | recording | complete | refused")
+    message: Mapped[str] = mapped_column(Text, default="", doc="why it was refused")
+    frames: Mapped[int] = mapped_column(Integer, default=0, doc="frames stored")
+    expected: Mapped[int | None] = mapped_column(Integer, doc="frames the edge recorded (known when it is done)")
+    fps: Mapped[float] = mapped_column(Float, default=0.0, doc="the frame rate training assumes")
+    width: Mapped[int | None] = mapped_column(Integer)
+    height: Mapped[int | None] = mapped_column(Integer)
+    regions: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="event -> polygon [[x, y], ...] or null")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class DatasetFrame(Base):
+    """One frame of a dataset: its number in the dataset (its image is images/<number>.jpg) and where it came from."""
+
+    __tablename__ = "dataset_frames"
+
+    dataset: Mapped[str] = mapped_column(ForeignKey("datasets.name", ondelete="CASCADE"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    camera_frame: Mapped[int] = mapped_column(BigInteger, doc="the frame index in the camera's (or clip's) stream")
+    timestamp: Mapped[float] = mapped_column(Float, doc="stream time in seconds")
+
+
+class Label(Base):
+    """One frame's label for one event of a dataset: 1 (it happens), 0 (it does not) or -1 (uncertain)."""
+
+    __tablename__ = "labels"
+
+    dataset: Mapped[str] = mapped_column(ForeignKey("datasets.name", ondelete="CASCADE"), primary_key=True)
+    event: Mapped[str] = mapped_column(String(64), primary_key=True)
+    frame_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    value: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class TrainingJob(Base):
+    """A filter to train on a dataset's event, taken by a trainer service (queued -> running -> done | failed); a
+    running job whose trainer stops renewing its lease goes back to the queue."""
+
+    __tablename__ = "training_jobs"
+    __table_args__ = (Index("ix_training_jobs_status_created", "status", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    dataset: Mapped[str] = mapped_column(ForeignKey("datasets.name", ondelete="CASCADE"), index=True)
+    event: Mapped[str] = mapped_column(String(64))
+    filter_name: Mapped[str] = mapped_column(String(64), doc="the filter it makes (a new revision if it exists)")
+    options: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="training options the trainer passes on")
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    progress: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="the trainer's last report")
+    trainer: Mapped[str | None] = mapped_column(String(64))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    lease_until: Mapped[datetime | None]
+    error: Mapped[str] = mapped_column(Text, default="")
+    result: Mapped[dict[str, Any] | None] = mapped_column(doc="validation estimate and example frames")
+    spec: Mapped[dict[str, Any] | None] = mapped_column(doc="the trained filter's spec")
+    onnx: Mapped[bytes | None] = mapped_column(LargeBinary)
+    deployed: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
 
 
 class Received(Base):

@@ -35,6 +35,7 @@ from sqlalchemy.orm import sessionmaker
 
 from cloud.base_models import mismatches, stored_specs
 from cloud.config import CloudConfig
+from cloud.datasets import Datasets
 from cloud.liveness import LastHeard
 from cloud.publisher import snapshot
 from cloud.sockets import HEADER_ROOM, bind_server
@@ -46,6 +47,8 @@ from common.protocol import (
     Ack,
     Error,
     EventHeader,
+    FootageHeader,
+    FootageStatus,
     FragmentHeader,
     FrameHeader,
     Heartbeat,
@@ -99,12 +102,14 @@ class Ingest:
         sessions: sessionmaker,
         notify: Callable[[Notification], None],
         on_disk_full: Callable[[], None] | None = None,
+        datasets: Datasets | None = None,
     ) -> None:
         self._config = config.zmq
         self._storage = storage
         self._sessions = sessions
         self._notify = notify
         self._on_disk_full = on_disk_full  # asks for a retention sweep now
+        self._datasets = datasets  # footage requests to send, and their answers; None: none are made here
         self._disk_full = False  # in a full-disk episode: logged at its start and end only
         self.session_id = secrets.token_hex(8)  # the edges see it change when the cloud restarts
         self.counts = dict.fromkeys(COUNTS, 0)
@@ -260,7 +265,7 @@ class Ingest:
     ) -> None:
         self.last_heard.heard(edge)
         match header:
-            case FrameHeader() | EventHeader() | FragmentHeader():
+            case FrameHeader() | EventHeader() | FragmentHeader() | FootageHeader():
                 batch.messages.append((identity, Message(edge, header, payload)))
             case Heartbeat():
                 batch.heartbeats.append((identity, edge))
@@ -272,6 +277,8 @@ class Ingest:
                 self._storage.edge_stats(edge, header)
             case SnapshotRequest():
                 self._send_snapshot(identity)
+            case FootageStatus() if self._datasets is not None:
+                self._datasets.footage_status(edge, header)
 
     def _log_mismatches(self, edge: str) -> None:
         """One line when an edge (re)starts on another base model than filters targeting it were trained on (its
@@ -308,6 +315,8 @@ class Ingest:
                 self._disk_full = False
                 log.info("ingest: storing again; the edges resend what was refused for lack of space")
             acks.append((identity, message.header.seq))
+            if isinstance(message.header, FootageHeader) and message.header.done and self._datasets is not None:
+                self._guarded(self._datasets.footage_done, message.edge, message.header.request)
         self._hand_out(stored.notifications)
         return acks
 
@@ -320,6 +329,16 @@ class Ingest:
         for identity, _ in heartbeats:
             self._send(identity, Heartbeat(sender=self.session_id))
         self._guarded(self._storage.edges_seen, {edge for _, edge in heartbeats})
+        self._guarded(self._send_footage_requests, heartbeats)
+
+    def _send_footage_requests(self, heartbeats: list[tuple[bytes, str]]) -> None:
+        """Each footage request an edge has not answered yet, again after each of its heartbeats: the request is
+        not spooled anywhere, so it goes until the edge's footage_status says it arrived."""
+        if self._datasets is None:
+            return
+        identities = dict((edge, identity) for identity, edge in heartbeats)
+        for edge, request in self._datasets.pending_requests(identities):
+            self._send(identities[edge], request)
 
     def _hand_out(self, notifications: list[Notification]) -> None:
         for notification in notifications:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from cloud.db import as_utc
-from models.filterspec import BaseModelId, FilterSpec
+from models.filterspec import BaseModelId, FilterSpec, Validation
+from models.mc_kinds import MC_KINDS
+from models.optimizer_kinds import OPTIMIZERS
+from models.taps import MODEL_STRIDE
 
 UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -22,7 +25,7 @@ class ErrorOut(BaseModel):
 _REASONS = {
     400: "a parameter or the body is malformed; the detail says what to change",
     401: "no bearer token, or one this cloud does not know",
-    403: "the token lacks the scope (read or write) this operation needs",
+    403: "the token lacks the scope (read, write or train) this operation needs",
     404: "no such resource (or its payload was removed by retention)",
     409: "conflicts with the current state (a name taken, a version exhausted, a target edge that runs another "
     "base model than the filter was trained on)",
@@ -117,3 +120,114 @@ class StatsOut(BaseModel):
 
 class Health(BaseModel):
     status: str
+
+
+# Training jobs (docs/studio.md). The options and the report are checked here, in the cloud, so a bad job is refused
+# when it is queued, not when a trainer takes it, and every stored report has the shape the web page reads.
+
+AUTO_ARCH = "auto"  # let cross-validation choose the MC kind (the trainer's default)
+ArchOption = Literal[(AUTO_ARCH, *MC_KINDS)]  # fixed at import, like FilterSpec's architectures
+OptimizerName = Literal[tuple(OPTIMIZERS)]
+InputSide = Annotated[int, Field(ge=MODEL_STRIDE, le=8192, multiple_of=MODEL_STRIDE)]  # models.taps.check_input_size
+
+
+class TrainingOptions(BaseModel):
+    """What a trainer passes on to training; every option left out takes `filterforward train`'s default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    arch: ArchOption | None = Field(None, description="MC kind; auto: cross-validation chooses")
+    input_size: tuple[InputSide, InputSide] | None = Field(None, description="base-DNN input [width, height]")
+    steps: int | None = Field(None, ge=1, le=100_000, description="optimizer steps")
+    nproc: int | None = Field(None, ge=1, le=64, description="training processes (torchrun)")
+    optimizer: OptimizerName | None = Field(None, description="adam, or a communication-compressed one")
+
+
+class ProgressOut(BaseModel):
+    stage: str = Field(description="download, features, training, exporting (a trainer's stages), or queued/done")
+    fraction: float = Field(ge=0.0, le=1.0, description="of the whole job")
+    message: str = ""
+
+
+class ExampleFrame(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    frame: int = Field(ge=0, description="the dataset's frame number (GET /api/datasets/{name}/frames/{frame}.jpg)")
+    score: float = Field(ge=0.0, le=1.0, description="the MC's score on it")
+
+
+class ExampleFrames(BaseModel):
+    """Frames to look at before deploying: where the filter fired with the event, fired without it, or missed it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["cross-validation", "training frames"] = Field(
+        description="cross-validation: scored by models trained without them (what to expect on new footage); "
+        "training frames: scored by the filter itself, which was trained on them (optimistic)"
+    )
+    hits: list[ExampleFrame] = Field(max_length=64)
+    false_alarms: list[ExampleFrame] = Field(max_length=64)
+    misses: list[ExampleFrame] = Field(max_length=64)
+    counts: dict[Literal["hits", "false_alarms", "misses"], int] = Field(description="frames of each kind in all")
+
+
+class CandidateOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    architecture: str
+    tap: str
+    validation: Validation | None = Field(description="its held-out estimate; null: not measurable")
+
+
+class TrainingReport(BaseModel):
+    """What a trainer found: the cross-validated estimate (event F1 with its spread over the folds), the warnings
+    and the frames to look at."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    filter: str
+    event: str
+    architecture: str
+    tap: str
+    input_size: tuple[int, int]
+    frames: tuple[int, int] = Field(description="the frames trained on, START:STOP (stop exclusive)")
+    positives: int = Field(ge=0)
+    negatives: int = Field(ge=0)
+    steps: int = Field(ge=0, description="optimizer steps taken")
+    validation: Validation | None = Field(
+        description="expected on new footage (event_f1, its spread f1_min..f1_max over the folds); null: the "
+        "frames were too few to hold any occurrence out"
+    )
+    training_f1: float = Field(ge=0.0, le=1.0, description="event F1 on its own training frames (optimistic)")
+    warnings: list[str] = Field(max_length=32, description="why the estimate may not hold, and what to label next")
+    candidates: list[CandidateOut] = Field(max_length=16, description="the kinds cross-validation compared")
+    examples: ExampleFrames
+    seconds: float = Field(ge=0.0, description="the trainer's time on the job")
+
+
+class TrainingJobOut(BaseModel):
+    id: int
+    dataset: str
+    event: str
+    filter: str = Field(description="the filter it makes (a new revision when it exists)")
+    options: TrainingOptions
+    status: Literal["queued", "running", "done", "failed"]
+    progress: ProgressOut | None = Field(description="the trainer's last report; null before any")
+    trainer: str | None = Field(description="who holds (or last held) it")
+    attempts: int = Field(description="times a trainer took it (a trainer that died: taken again)")
+    lease_until: UtcDatetime | None = Field(description="running: taken again by another trainer after this")
+    error: str = Field(description="failed: why")
+    result: TrainingReport | None
+    spec: FilterSpec | None = Field(description="done: the trained filter's spec")
+    model_bytes: int
+    deployed: bool
+    created_at: UtcDatetime
+    started_at: UtcDatetime | None
+    finished_at: UtcDatetime | None
+
+
+class ClaimOut(TrainingJobOut):
+    """A claimed job with what its trainer needs: where the dataset is and how often to report."""
+
+    archive_url: str = Field(description="the dataset as a tar (GET, train scope), relative to the cloud's base URL")
+    lease_seconds: float = Field(description="report progress well within this, or the job is taken again")

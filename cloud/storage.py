@@ -28,6 +28,7 @@ from sqlalchemy import ColumnElement, and_, exists, not_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from cloud.datasets import Datasets
 from cloud.db import (
     Camera,
     Counter,
@@ -42,7 +43,7 @@ from cloud.db import (
 )
 from cloud.framestore import DiskFull, FrameStore
 from common.fragment import unpack
-from common.protocol import EventHeader, FragmentHeader, FrameHeader, Hello, Stats
+from common.protocol import EventHeader, FootageHeader, FragmentHeader, FrameHeader, Hello, Stats
 from models import errors
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class Message:
     """A frame, event or stream-fragment message as an edge sent it."""
 
     edge: str
-    header: FrameHeader | EventHeader | FragmentHeader
+    header: FrameHeader | EventHeader | FragmentHeader | FootageHeader
     payload: bytes
 
     @property
@@ -255,9 +256,10 @@ def _record(session: Session, event: Event) -> EventRecord:
 class Storage:
     """Thread-safe: each call runs in its own session. `counts`: messages stored and duplicates seen (this process)."""
 
-    def __init__(self, sessions: sessionmaker, store: FrameStore) -> None:
+    def __init__(self, sessions: sessionmaker, store: FrameStore, datasets: Datasets | None = None) -> None:
         self._sessions = sessions
         self._store = store
+        self._datasets = datasets  # None: footage is acknowledged and dropped (a store without datasets)
         self._lock = threading.Lock()  # guards _pending and counts
         self._pending: set[tuple[int, Phase]] = set()  # (event id, phase) handed out, not yet marked notified
         self.counts = {"stored": 0, "duplicates": 0}
@@ -314,6 +316,8 @@ class Storage:
             return self._frame(index, message.edge, message.header, message.payload)
         if isinstance(message.header, FragmentHeader):
             return self._fragment(index, message.edge, message.header, message.payload)
+        if isinstance(message.header, FootageHeader):
+            return self._footage(index, message.edge, message.header, message.payload)
         return self._event(index, message.edge, message.header, message.payload)
 
     def _frame(self, index: int, edge: str, header: FrameHeader, payload: bytes) -> _Write:
@@ -377,6 +381,19 @@ class Storage:
             )
 
         return _Write(index, path, [], work)
+
+    def _footage(self, index: int, edge: str, header: FootageHeader, payload: bytes) -> _Write:
+        """A frame of requested footage into its dataset (or the footage's end); dropped, acknowledged, when the
+        dataset is gone."""
+        datasets = self._datasets
+        wanted = datasets is not None and datasets.write_footage_image(edge, header, payload)
+
+        def work(session: Session) -> None:
+            _claim(session, edge, header.seq)
+            if wanted and (name := datasets.footage_message(session, edge, header, payload)):
+                log.info("dataset %s: all %d frames of the footage are stored", name, header.frames or 0)
+
+        return _Write(index, None, [], work)
 
     def _event(self, index: int, edge: str, header: EventHeader, payload: bytes) -> _Write:
         info = header.event
@@ -443,6 +460,7 @@ class Storage:
             row = _get_or_add(session, Edge, edge, id=edge)
             row.run, row.filters_version, row.last_seen = hello.run, hello.filters_version, now
             row.base_model = hello.base_model.model_dump() if hello.base_model else None
+            row.input_size = list(hello.input_size) if hello.input_size else None
             if public_key is not None:
                 row.public_key = public_key
             for camera in session.scalars(select(Camera).where(Camera.edge_id == edge)):

@@ -13,11 +13,16 @@ Uplink, edge DEALER -> cloud ROUTER (the ROUTER sees an identity frame first):
   event        an event start or end (payload: the H.264 MP4 clip of a clip-policy filter at its end)
   fragment     about a second of a camera's matched frames as H.264 (payload: a packed common.fragment)
   snapshot     "send me every current filter" (the Clone pattern's ICANHAZ)
-`frame`, `event` and `fragment` carry a sequence number `seq`, unique per edge for ever (it survives restarts via the
-spool); the cloud stores them idempotently on (edge, seq) and answers `ack` listing the stored seqs.
+  footage      one frame of footage a FootageRequest asked for (payload: JPEG), or the request's last message
+               (done, payload b""); spooled like frames, but only when no matched frame waits (edge.footage)
+  footage_status  the edge took a footage request (recording) or cannot (refused, with why); not spooled: the
+               cloud resends the request until it hears one
+`frame`, `event`, `fragment` and `footage` carry a sequence number `seq`, unique per edge for ever (it survives
+restarts via the spool); the cloud stores them idempotently on (edge, seq) and answers `ack` listing the stored seqs.
 
 Cloud -> edge on the same ROUTER: ack, heartbeat, filter (one per current filter, snapshot reply),
-snapshot_end (the version the snapshot reflects) and error (a refused message, for the edge's log).
+snapshot_end (the version the snapshot reflects), footage_request (record footage of a camera for a dataset; sent
+after each heartbeat of the edge until it answers footage_status) and error (a refused message, for the edge's log).
 
 Filter updates, cloud PUB -> edge SUB: the same `filter` message, preceded by the topic frame `TOPIC`.
 Each change has a version one above the previous; an edge applies updates above its snapshot's version in
@@ -47,6 +52,7 @@ StreamTime = Annotated[float, Field(ge=0, le=1e10, allow_inf_nan=False, descript
 WallTime = Annotated[float, Field(ge=0, le=253_402_300_799, allow_inf_nan=False, description="unix time")]
 Score = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Version = Annotated[int, Field(ge=0, le=2**31 - 1)]
+InputSide = Annotated[int, Field(ge=32, le=8192, multiple_of=32)]
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 32 * 1024 * 1024  # a clip of a long event; frames are far smaller
 
@@ -66,6 +72,9 @@ class Hello(_Header):
     cameras: list[IdName] = Field(default_factory=list)
     filters_version: Version = Field(0, description="version of the filter set the edge runs")
     base_model: BaseModelId | None = Field(None, description="the base DNN the edge runs; filters must match it")
+    input_size: tuple[InputSide, InputSide] | None = Field(
+        None, description="the base DNN's input (width, height): filters must be trained at it"
+    )
 
 
 class Heartbeat(_Header):
@@ -128,6 +137,44 @@ class FragmentHeader(_Stored):
     payload: Literal["h264"] = "h264"
 
 
+class FootageRequest(_Header):
+    """Cloud -> edge: record footage of `camera` for the dataset `request`: one frame every `every` seconds of stream
+    time (0: every frame) for `duration` seconds, at most `max_frames` frames. An edge records a request once, however
+    often it arrives."""
+
+    type: Literal["footage_request"] = "footage_request"
+    request: str = Field(pattern=NAME_PATTERN, description="the dataset the footage is for")
+    camera: str = Field(pattern=ID_PATTERN)
+    every: float = Field(ge=0, le=3600, allow_inf_nan=False, description="seconds between frames; 0: every frame")
+    duration: float = Field(gt=0, le=86400, allow_inf_nan=False, description="seconds of stream time to cover")
+    max_frames: int = Field(ge=1, le=100_000)
+
+
+class FootageStatus(_Header):
+    """Edge -> cloud: a footage request taken (recording) or not (refused: `message` says why)."""
+
+    type: Literal["footage_status"] = "footage_status"
+    edge: str = Field(pattern=ID_PATTERN)
+    request: str = Field(pattern=NAME_PATTERN)
+    state: Literal["recording", "refused"]
+    message: str = Field("", max_length=500)
+
+
+class FootageHeader(_Stored):
+    """One frame of a footage request (payload: JPEG of the camera frame, as decoded), numbered from 0 in the order
+    recorded; the request's last message has `done` set, no payload and `frames` = how many were recorded."""
+
+    type: Literal["footage"] = "footage"
+    request: str = Field(pattern=NAME_PATTERN)
+    camera: str = Field(pattern=ID_PATTERN)
+    number: int = Field(ge=0, le=100_000, description="the frame's place in the footage")
+    frame: FrameIndex = Field(0, description="frame index in the camera's stream")
+    timestamp: StreamTime = 0.0
+    done: bool = False
+    frames: int | None = Field(None, ge=0, le=100_000, description="done only: frames recorded")
+    payload: Literal["jpeg", "none"] = "jpeg"
+
+
 class SnapshotRequest(_Header):
     type: Literal["snapshot"] = "snapshot"
     edge: str = Field(pattern=ID_PATTERN)
@@ -165,6 +212,9 @@ Header = Annotated[
     | FrameHeader
     | EventHeader
     | FragmentHeader
+    | FootageRequest
+    | FootageStatus
+    | FootageHeader
     | SnapshotRequest
     | Ack
     | FilterUpdate

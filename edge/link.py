@@ -158,10 +158,18 @@ class Worker:
 class Link:
     """The edge's DEALER link to the cloud (see the module doc); `run` names this edge process to the cloud."""
 
-    def __init__(self, edge_id: str, cameras: list[str], config: CloudLink, base_model: BaseModelId | None = None):
+    def __init__(
+        self,
+        edge_id: str,
+        cameras: list[str],
+        config: CloudLink,
+        base_model: BaseModelId | None = None,
+        input_size: tuple[int, int] | None = None,
+    ):
         self.edge_id = edge_id
         self.cameras = list(cameras)
         self.base_model = base_model  # told to the cloud on hello: it refuses filters trained on another
+        self.input_size = input_size  # told too: the cloud's trainers train at it
         self.config = config
         self.run = uuid.uuid4().hex[:12]
         if not config.insecure:  # fail here, in one clear line, rather than in the link's thread
@@ -308,7 +316,12 @@ class Link:
         if not session.hello_due and version == session.announced_version:
             return True
         hello = Hello(
-            edge=self.edge_id, run=self.run, cameras=self.cameras, filters_version=version, base_model=self.base_model
+            edge=self.edge_id,
+            run=self.run,
+            cameras=self.cameras,
+            filters_version=version,
+            base_model=self.base_model,
+            input_size=self.input_size,
         )
         if not self.send(encode(hello)):
             session.hello_due = True

@@ -45,6 +45,10 @@ UPLINK_METRICS = (
     ("sent_bytes", "sent_bytes", True, "bytes sent to the cloud, resends included"),
     ("acked", "acked", True, "messages the cloud acknowledged"),
     ("connected", "cloud_reachable", False, "1 while the cloud answers within the link's timeout"),
+    ("footage_recording", "footage_recording", False, "footage requests being recorded"),
+    ("footage_recorded", "footage_recorded", True, "footage frames recorded to the edge's disk"),
+    ("footage_waiting", "footage_waiting", False, "footage messages recorded, not yet spooled"),
+    ("footage_spooled", "footage_spooled", True, "footage frames spooled for the cloud"),
 )
 
 
@@ -76,7 +80,8 @@ class EdgeCollector(Collector):
         if self._uplink is not None:
             values = self._uplink()
             for key, name, counter, help_text in UPLINK_METRICS:
-                yield _single(f"uplink_{name}", counter, help_text, float(values[key]))
+                if key in values:  # the footage counters come with a footage recorder
+                    yield _single(f"uplink_{name}", counter, help_text, float(values[key]))
         if self._filters is not None:
             values = self._filters()
             yield _single("filters_version", False, "the cloud's filter set in the bank", values["filters_version"])

@@ -19,6 +19,7 @@ from typing import Any
 from common.protocol import Stats
 from edge.config import CameraConfig, EdgeConfig
 from edge.filtersync import FilterSync
+from edge.footage import FootageRecorder
 from edge.link import Link
 from edge.mcbank import MCBank
 from edge.metrics import EdgeCollector, MetricsServer
@@ -66,7 +67,8 @@ class EdgeNode:
     """Runs every camera until its source ends or `stop()` is called; logs per-camera stats periodically.
 
     With a `cloud` link configured (and no sink given), one link to the cloud carries the uplink (matched
-    frames), the filter sync (the cloud's filters, kept in the bank) and the stats. With `metrics_port` set,
+    frames), the filter sync (the cloud's filters, kept in the bank), the stats and the footage the cloud asks
+    for (recorded under <spool>/footage, sent behind the matched frames). With `metrics_port` set,
     /metrics serves the cameras' and the uplink's numbers while `run()` runs."""
 
     def __init__(self, config: EdgeConfig, sink: Sink | None = None):
@@ -78,9 +80,11 @@ class EdgeNode:
         self.link: Link | None = None
         self.uplink: Uplink | None = None
         self.filtersync: FilterSync | None = None
+        self.footage: FootageRecorder | None = None
         if sink is None and config.cloud is not None:
-            self.link = Link(config.edge_id, cameras, config.cloud, self.base.identity)
+            self.link = Link(config.edge_id, cameras, config.cloud, self.base.identity, self.base.input_size)
             self.uplink = Uplink(self.link, config.spool)
+            self.footage = FootageRecorder(self.link, self.uplink, config.spool.path / "footage")
             named = {spec.name: (spec, onnx) for spec, onnx in local}
             self.filtersync = FilterSync(self.bank, self.link, cameras, named)
         self.sink = sink or self.uplink or FolderSink(config.sink.path)
@@ -185,25 +189,39 @@ class EdgeNode:
         self.sink.close()
 
     def _drain(self, link: Link, uplink: Uplink) -> None:
-        """Wait for the cloud to acknowledge the spool: up to min(DRAIN_MAX, cloud.timeout) s while it answers,
-        until a stop request comes meanwhile. The rest stays spooled and goes first on the next start."""
+        """Wait for the cloud to acknowledge the spool and the footage recorded: up to min(DRAIN_MAX, cloud.timeout)
+        s while it answers, until a stop request comes meanwhile. The rest stays spooled (or recorded) and goes
+        first on the next start."""
         limit = min(DRAIN_MAX, self.config.cloud.timeout)
         deadline, requests = time.monotonic() + limit, self._stop_requests
-        if uplink.spool.messages and link.connected:
+        if self._undelivered(uplink) and link.connected:
             log.info(
-                "waiting up to %g s for the cloud to acknowledge %d spooled message(s)", limit, uplink.spool.messages
+                "waiting up to %g s for the cloud to acknowledge %d spooled message(s) and %d of footage",
+                limit,
+                uplink.spool.messages,
+                self.footage.waiting() if self.footage is not None else 0,
             )
-        while uplink.spool.messages and link.connected and time.monotonic() < deadline:
+        while self._undelivered(uplink) and link.connected and time.monotonic() < deadline:
             if self._stop_requests > requests:
                 log.warning("stopping at once (asked again): not waiting for the cloud's acknowledgements")
                 break
-            uplink.wait_drained(POLL)
+            if uplink.spool.messages:
+                uplink.wait_drained(POLL)
+            else:
+                time.sleep(POLL / 10)  # only footage is left: the link's thread spools it next
         if uplink.spool.messages:
             log.warning(
                 "%d message(s) the cloud has not acknowledged stay spooled in %s for the next start",
                 uplink.spool.messages,
                 uplink.spool.path,
             )
+        footage = self.footage
+        if footage is not None and footage.waiting():
+            log.warning("%d footage message(s) stay in %s for the next start", footage.waiting(), footage.folder)
+
+    def _undelivered(self, uplink: Uplink) -> int:
+        """Messages the cloud has not acknowledged yet: spooled, or footage still to spool."""
+        return uplink.spool.messages + (self.footage.waiting() if self.footage is not None else 0)
 
     def _run_camera(self, camera: CameraConfig) -> None:
         source, pipeline = self._sources[camera.name], self.pipelines[camera.name]
@@ -225,6 +243,8 @@ class EdgeNode:
             log.exception("camera %s: source failed", camera.name)
             self._errors[camera.name].append(f"source failed ({exc})")
         finally:
+            if self.footage is not None:
+                self.footage.camera_ended(camera.name)
             try:
                 pipeline.end_events()
             except Exception as exc:  # say, the sink's disk is full: the events stay open there
@@ -237,6 +257,8 @@ class EdgeNode:
         on (a node runs unattended: one bad frame or a transient error must not stop a camera for good). Returns
         the number of consecutive failures, which rate-limits the log."""
         try:
+            if self.footage is not None:
+                self.footage.offer(camera, frame)  # before the change gate: footage is what the camera sees
             pipeline.process(frame)
         except Exception:
             with self._stats_lock:
@@ -280,7 +302,7 @@ class EdgeNode:
                 _state(source.ended, stats.online, stopped=final and self._stopping()),
             )
         if self.link is not None and self.uplink is not None and self.filtersync is not None:
-            counters = {**self.uplink.stats(), **self._filter_stats()}
+            counters = {**self._uplink_stats(), **self._filter_stats()}
             self.link.post(Stats(edge=self.config.edge_id, cameras=cameras, uplink=counters))
 
     # -- /metrics ----------------------------------------------------------------------------------------------
@@ -305,6 +327,10 @@ class EdgeNode:
                 }
         return metrics
 
+    def _uplink_stats(self) -> dict[str, Any]:
+        footage = self.footage.stats() if self.footage is not None else {}
+        return {**self.uplink.stats(), **footage}
+
     def _filter_stats(self) -> dict[str, int]:
         return {"filters_version": self.filtersync.version, "filter_errors": self.filtersync.errors}
 
@@ -314,7 +340,7 @@ class EdgeNode:
         collector = EdgeCollector(
             self.config.edge_id,
             self.camera_metrics,
-            self.uplink.stats if self.uplink is not None else None,
+            self._uplink_stats if self.uplink is not None else None,
             self._filter_stats if self.filtersync is not None else None,
         )
         self.metrics = MetricsServer(self.config.metrics_port, collector)

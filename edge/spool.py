@@ -6,6 +6,9 @@ inside its header is exactly the seq it is stored under, and a resend is byte-id
 append survives a crash of the process (kill -9); synchronous=NORMAL trades the last few commits before
 an OS crash or power loss for not waiting on the disk for every matched frame.
 
+A sender whose messages come from its own durable store (edge.footage) can store a mark (a named integer: how
+far it got) in the same transaction as a message, so after a crash it neither loses nor repeats one.
+
 Seqs never repeat: the next seq is persisted apart from the messages, so it survives an emptied spool,
 and a new spool file starts at the current time in microseconds, so even a deleted spool does not reuse
 the seqs (which the cloud deduplicates on) of the one before it.
@@ -46,6 +49,8 @@ DROP_REPORT_INTERVAL = 30.0  # seconds between warnings while a full spool keeps
 DISK_HEADROOM = 8 * 2**20  # bytes the spool leaves free on its disk: SQLite's WAL (~4 MB) and a checkpoint
 DROP_SLACK = 2**16  # a drop for disk space frees this much more than the new message needs: no page-count creep
 Frames = list[bytes]
+Mark = tuple[str, int]  # (key, value): a sender's progress, stored with its message
+MARK_PREFIX = "mark:"  # marks share the meta table with next_seq
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -99,9 +104,9 @@ class Spool:
         """The highest seq handed out so far (stored or not)."""
         return self._next_seq - 1
 
-    def append(self, build: Callable[[int], Frames]) -> int | None:
-        """Store the message `build(seq)` under the next seq, in one transaction; returns the seq, or None when
-        a full disk left no room for it (counted in `dropped`; the seq is used again)."""
+    def append(self, build: Callable[[int], Frames], mark: Mark | None = None) -> int | None:
+        """Store the message `build(seq)` under the next seq (and `mark`, if given), in one transaction; returns the
+        seq, or None when a full disk left no room for it (counted in `dropped`; the seq is used again)."""
         with self._lock:
             seq = self._next_seq
             frames = build(seq)
@@ -110,9 +115,9 @@ class Spool:
             if low:
                 self._drop_for_disk(size)
             try:
-                self._insert(seq, size, blob)
+                self._insert(seq, size, blob, mark)
             except _DiskFull:
-                if not self._retry_after_full(seq, size, blob):
+                if not self._retry_after_full(seq, size, blob, mark):
                     return None
             else:
                 if not low and self._disk_full:
@@ -154,6 +159,20 @@ class Spool:
             self._bytes -= freed
         return removed
 
+    def mark(self, key: str) -> int | None:
+        """The value last stored under `key` with a message (see append), or None."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (MARK_PREFIX + key,)).fetchone()
+        return row[0] if row else None
+
+    def unmark(self, key: str) -> None:
+        """Forget a mark. Best effort: on a disk too full even for that it stays, and its owner tries again later."""
+        with self._lock:
+            try:
+                self._write(lambda: self._db.execute("DELETE FROM meta WHERE key = ?", (MARK_PREFIX + key,)))
+            except _DiskFull:
+                log.debug("spool %s: mark %s not removed: the disk is full", self.path, key)
+
     def close(self) -> None:
         with self._lock:
             if self._unreported:
@@ -172,12 +191,15 @@ class Spool:
                 raise _DiskFull from exc
             raise
 
-    def _insert(self, seq: int, size: int, blob: bytes) -> None:
+    def _insert(self, seq: int, size: int, blob: bytes, mark: Mark | None = None) -> None:
         """Store one message (and drop the oldest if that takes the spool over its bound); counts after commit."""
 
         def work() -> _Dropped:
             self._db.execute("INSERT INTO messages (seq, size, frames) VALUES (?, ?, ?)", (seq, size, blob))
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (seq + 1,))
+            if mark is not None:
+                key, value = mark
+                self._db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (MARK_PREFIX + key, value))
             excess = self._bytes + size - self.max_bytes
             return self._delete_oldest(excess) if excess > 0 else _Dropped()
 
@@ -245,13 +267,13 @@ class Spool:
         self._forget(dropped)
         self._disk_dropped += dropped.count
 
-    def _retry_after_full(self, seq: int, size: int, blob: bytes) -> bool:
+    def _retry_after_full(self, seq: int, size: int, blob: bytes, mark: Mark | None) -> bool:
         """After an append failed for lack of space: checkpoint, drop the oldest, try once more. False when the
         new message had to be dropped instead."""
         self._checkpoint()
         self._drop_for_disk(size)
         try:
-            self._insert(seq, size, blob)
+            self._insert(seq, size, blob, mark)
             return True
         except _DiskFull:
             pass

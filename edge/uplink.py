@@ -2,11 +2,12 @@
 losing none.
 
 Camera threads call frame()/event()/fragment(), which only append the encoded message to the durable spool
-(edge.spool) and wake the link (edge.link). In the link's thread the uplink is a sender (the ZeroMQ guide's
-reliable-delivery pattern, with credit-based flow control): it sends spooled messages in seq order, at most `window`
-unacknowledged at a time, and forgets them when the cloud's Ack lists their seqs; it resends every
-unacknowledged one when the link resets (a reconnect, the cloud back or restarted) and any single one
-unacknowledged for 3 x heartbeat + 1 s. A message that cannot go now (no connection) just stays spooled.
+(edge.spool) and wake the link (edge.link); the footage recorder (edge.footage) calls footage() the same way.
+In the link's thread the uplink is a sender (the ZeroMQ guide's reliable-delivery pattern, with credit-based flow
+control): it sends spooled messages in seq order, at most `window` unacknowledged at a time, and forgets them when
+the cloud's Ack lists their seqs; it resends every unacknowledged one when the link resets (a reconnect, the cloud
+back or restarted) and any single one unacknowledged for 3 x heartbeat + 1 s. A message that cannot go now (no
+connection) just stays spooled.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from common.protocol import (
     Ack,
     EventHeader,
     EventInfo,
+    FootageHeader,
     FragmentHeader,
     FrameHeader,
     ProtocolError,
@@ -34,7 +36,7 @@ from common.protocol import (
 from edge.config import SpoolConfig
 from edge.link import Link
 from edge.sink import MatchedFrame
-from edge.spool import Frames, Spool
+from edge.spool import Frames, Mark, Spool
 from models.errors import validation_summary
 from models.smoother import Event
 
@@ -49,7 +51,7 @@ class Uplink:
     def __init__(self, link: Link, spool: SpoolConfig):
         self.link = link
         self.spool = Spool(spool.path, spool.max_bytes)
-        self.counts = {"sent_messages": 0, "sent_bytes": 0, "acked": 0, "unsendable": 0}
+        self.counts = {"sent_messages": 0, "sent_bytes": 0, "acked": 0, "unsendable": 0, "footage_spooled": 0}
         self.resend_after = 3 * link.config.heartbeat + 1.0
         self._cursor = 0  # highest seq sent in this pass over the spool
         self._in_flight: dict[int, float] = {}  # seq -> when last sent (monotonic)
@@ -103,6 +105,43 @@ class Uplink:
         first = fragment.header.frames[0].index
         self._spool(build, f"stream fragment from frame {first} of camera {camera}")
 
+    def footage(
+        self,
+        request: str,
+        camera: str,
+        number: int,
+        frame: int,
+        timestamp: float,
+        jpeg: bytes,
+        done: bool = False,
+        frames: int | None = None,
+        mark: Mark | None = None,
+    ) -> bool:
+        """Spool one frame of a footage request (or, `done`, its last message saying how many `frames` there are),
+        with the recorder's `mark` in the same transaction; False when it could not be spooled."""
+
+        def build(seq: int) -> Frames:
+            header = FootageHeader(
+                edge=self.link.edge_id,
+                run=self.link.run,
+                seq=seq,
+                request=request,
+                camera=camera,
+                number=number,
+                frame=frame,
+                timestamp=timestamp,
+                done=done,
+                frames=frames,
+                payload="jpeg" if jpeg else "none",
+            )
+            return encode(header, jpeg)
+
+        what = f"the end of footage {request}" if done else f"footage {request} frame {number}"
+        stored = self._spool(build, what, mark)
+        if stored and not done:
+            self.counts["footage_spooled"] += 1
+        return stored
+
     def close(self) -> None:
         """Close the spool; unacknowledged messages stay in it for next time."""
         self.spool.close()
@@ -119,6 +158,7 @@ class Uplink:
             "sent_messages": self.counts["sent_messages"],
             "sent_bytes": self.counts["sent_bytes"],
             "acked": self.counts["acked"],
+            "footage_spooled": self.counts["footage_spooled"],
         }
 
     @property
@@ -130,20 +170,21 @@ class Uplink:
         with self._drained:
             return self._drained.wait_for(lambda: self.spool.messages == 0, timeout)
 
-    def _spool(self, build: Callable[[int], Frames], what: str) -> None:
+    def _spool(self, build: Callable[[int], Frames], what: str, mark: Mark | None = None) -> bool:
         def checked(seq: int) -> Frames:
             frames = build(seq)
             decode(frames)  # the cloud must be able to read it: a message it refuses would be resent for ever
             return frames
 
         try:
-            self.spool.append(checked)
+            seq = self.spool.append(checked, mark)
         except (ProtocolError, ValidationError) as exc:
             self.counts["unsendable"] += 1
             why = validation_summary(exc) if isinstance(exc, ValidationError) else exc
             log.error("%s cannot be sent (%s); dropped", what, why)
-            return
+            return False
         self.link.wake()
+        return seq is not None
 
     # -- the link's thread -----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from models.errors import FilterForwardError
 
 # Each module in filterforward.commands exposes register(subparsers) and sets a `func` default.
-COMMANDS = ("demo", "dataset", "models", "train", "eval", "edge", "cloud", "keys", "config", "camera")
+COMMANDS = ("demo", "dataset", "models", "train", "eval", "edge", "cloud", "keys", "config", "camera", "trainer")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -112,6 +112,17 @@ def run_cloud(root: Path, **settings: Any) -> Iterator[CloudServer]:
     assert returncode == 0, f"cloud server exited with {returncode}:\n{server.log_text()}"
 
 
+@contextmanager
+def run_cloud_on(database: str, root: Path, **settings: Any) -> Iterator[CloudServer]:
+    """run_cloud on "sqlite" (its file in data_dir) or "postgresql" (a fresh schema, dropped afterwards)."""
+    if database == "sqlite":
+        with run_cloud(root, **settings) as server:
+            yield server
+    else:
+        with postgres_schema() as url, run_cloud(root, database_url=url, **settings) as server:
+            yield server
+
+
 def wait_healthy(server: CloudServer) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""Shared fixtures: where the real camera clips are, and a scratch cache for exported models."""
+"""Shared fixtures: where the real camera clips are, a scratch cache for exported models, headless Chromium."""
 
 from __future__ import annotations
 
@@ -120,3 +120,16 @@ def red_bundle(intel_car: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return out
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Debian's Chromium (/usr/bin/chromium), headless, driven by Playwright, which must not download a browser;
+    the web-page tests skip themselves where it is missing."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()

@@ -18,7 +18,7 @@ import av
 import cv2
 import numpy as np
 import pytest
-from cloud_server import READ_ONLY, CloudServer, postgres_schema, run_cloud
+from cloud_server import READ_ONLY, CloudServer, run_cloud_on
 from sqlalchemy import update
 
 from cloud.clips import encode_clip
@@ -113,12 +113,8 @@ def scene(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     """A server whose database holds one edge with two cameras and eight events of two filters."""
     root = tmp_path_factory.mktemp(f"events-{request.param}")
     settings: dict[str, Any] = {"zmq": {"edge_timeout": 3600}}  # "online" must not depend on test speed
-    if request.param == "postgresql":
-        with postgres_schema() as url, run_cloud(root, database_url=url, **settings) as server:
-            yield populate(server)
-    else:
-        with run_cloud(root, **settings) as server:
-            yield populate(server)
+    with run_cloud_on(request.param, root, **settings) as server:
+        yield populate(server)
 
 
 def populate(server: CloudServer) -> Scene:

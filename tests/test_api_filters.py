@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import zmq
-from cloud_server import MAX_UPLOAD, READ_ONLY, WRITE_ONLY, CloudServer, postgres_schema, run_cloud
+from cloud_server import MAX_UPLOAD, READ_ONLY, WRITE_ONLY, CloudServer, run_cloud_on
 from sqlalchemy import select
 
 from cloud.config import CloudConfig
@@ -30,13 +30,8 @@ Exporter = Callable[..., tuple[FilterSpec, bytes]]
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def cloud(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudServer]:
-    root = tmp_path_factory.mktemp(f"cloud-{request.param}")
-    if request.param == "sqlite":
-        with run_cloud(root) as server:
-            yield server
-    else:
-        with postgres_schema() as url, run_cloud(root, database_url=url) as server:
-            yield server
+    with run_cloud_on(request.param, tmp_path_factory.mktemp(f"cloud-{request.param}")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

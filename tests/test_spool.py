@@ -63,6 +63,21 @@ def test_the_header_carries_the_seq_it_is_stored_under_and_resends_are_identical
     spool.close()
 
 
+def test_a_mark_is_stored_with_its_message_and_survives_reopening(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, 10**6)
+    assert spool.mark("footage:cars") is None
+    first = spool.append(message(), mark=("footage:cars", 1))
+    spool.close()
+
+    reopened = Spool(tmp_path, 10**6)
+    assert reopened.mark("footage:cars") == 1 and reopened.get(first) is not None
+    assert reopened.append(message(), mark=("footage:cars", 2)) == first + 1  # marks leave the seqs alone
+    assert reopened.ack([first, first + 1]) == 2 and reopened.mark("footage:cars") == 2  # acks leave the mark
+    reopened.unmark("footage:cars")
+    assert reopened.mark("footage:cars") is None and reopened.last_seq == first + 1
+    reopened.close()
+
+
 def test_after_and_ack_in_seq_order(tmp_path: Path) -> None:
     spool = Spool(tmp_path, 10**6)
     seqs = [spool.append(message()) for _ in range(6)]

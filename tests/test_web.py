@@ -40,16 +40,6 @@ def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudConfig]:
         yield server.config
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with playwright_api.sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=["--no-sandbox"])
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
 @pytest.fixture
 def page(browser, cloud: CloudConfig) -> Iterator[Page]:
     context = browser.new_context()

@@ -12,6 +12,7 @@ from fastapi import Depends, HTTPException, Request, status
 from sqlalchemy.orm import Session
 
 from cloud.config import CloudConfig
+from cloud.datasets import Datasets
 from cloud.framestore import FrameStore
 from cloud.liveness import LastHeard
 from cloud.registry import Registry
@@ -31,6 +32,10 @@ def get_registry(request: Request) -> Registry:
     return request.app.state.services.registry
 
 
+def get_datasets(request: Request) -> Datasets:
+    return request.app.state.services.datasets
+
+
 def get_store(request: Request) -> FrameStore:
     return request.app.state.services.store
 
@@ -43,6 +48,7 @@ ConfigDep = Annotated[CloudConfig, Depends(get_config)]
 SessionDep = Annotated[Session, Depends(get_session)]
 RegistryDep = Annotated[Registry, Depends(get_registry)]
 StoreDep = Annotated[FrameStore, Depends(get_store)]
+DatasetsDep = Annotated[Datasets, Depends(get_datasets)]
 LastHeardDep = Annotated[LastHeard, Depends(get_last_heard)]
 
 

@@ -29,10 +29,16 @@ function localPath(url) {
   return parsed.pathname + parsed.search;
 }
 
-async function api(path, { method = "GET", body, as = "json" } = {}) {
+/** One API call with the bearer token; `json` is sent as a JSON body, `body` as it is (e.g. FormData). */
+async function api(path, { method = "GET", body, json, as = "json" } = {}) {
+  const headers = { Authorization: `Bearer ${storedToken()}` };
+  if (json !== undefined) {
+    headers["Content-Type"] = "application/json";
+    body = JSON.stringify(json);
+  }
   let response;
   try {
-    response = await fetch(localPath(path), { method, body, headers: { Authorization: `Bearer ${storedToken()}` } });
+    response = await fetch(localPath(path), { method, body, headers });
   } catch (err) {
     setConnection(false);
     throw new ApiError(0, `cannot reach the server (${err.message}); check that filterforward cloud serve is running`);

@@ -1,0 +1,328 @@
+"""Datasets made in the cloud (docs/studio.md): footage requested from edge cameras or uploaded clips, their frames,
+labels and event regions. Rows in the database (cloud.db Dataset, DatasetFrame, Label) are the truth; each
+dataset's folder (cloud.dataset_folders) is rewritten from them after every change, for the CLI and the trainers.
+
+The ingest calls `footage_message` (inside its batch transaction: stored once per (edge, seq)), `footage_status`
+and `pending_requests`; the REST API calls the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from cloud.dataset_folders import CAMERA_FRAME, FRAME_INDEX, DatasetFolders
+from cloud.db import Camera, Dataset, DatasetFrame, Edge, Label
+from cloud.registry import RegistryError
+from common.protocol import FootageHeader, FootageRequest, FootageStatus
+from models.roi import polygon_errors
+
+log = logging.getLogger(__name__)
+
+JPEG_QUALITY = 90
+MAX_UPLOAD_FRAMES = 20_000  # frames an uploaded clip may add: a bigger one is refused, not cut short silently
+
+
+class DatasetError(RegistryError):
+    """A refused dataset request; `status` is the HTTP answer (the app answers RegistryErrors alike)."""
+
+
+@dataclass(frozen=True)
+class EventCounts:
+    labelled: int
+    positive: int
+    negative: int
+    uncertain: int
+    occurrences: int  # runs of positive frames
+
+
+class Datasets:
+    def __init__(self, sessions: sessionmaker, folders: DatasetFolders) -> None:
+        self._sessions = sessions
+        self.folders = folders
+
+    # -- creating --------------------------------------------------------------------------------------------
+
+    def request_footage(
+        self, name: str, edge: str, camera: str, every: float, duration: float, max_frames: int
+    ) -> Dataset:
+        """A footage dataset in state `requested`; the ingest sends the request to the edge after its heartbeats."""
+        with self._sessions.begin() as session:
+            self._check_new(session, name)
+            if session.get(Edge, edge) is None:
+                raise DatasetError(404, f"no edge {edge!r} has connected to this cloud: check GET /api/edges")
+            cameras = session.scalars(select(Camera.name).where(Camera.edge_id == edge)).all()
+            if camera not in cameras:
+                raise DatasetError(
+                    404, f"edge {edge!r} has no camera {camera!r}: it has {', '.join(sorted(cameras)) or 'none'}"
+                )
+            fps = 1.0 / every if every > 0 else 0.0  # every frame: the camera's rate, known from the timestamps
+            row = Dataset(
+                name=name, source="footage", edge_id=edge, camera=camera, request=request_id(name), every=every,
+                duration=duration,
+                max_frames=max_frames, status="requested", fps=fps, regions={},
+            )  # fmt: skip
+            session.add(row)
+        self.refresh(name)
+        log.info("dataset %s: footage requested from %s/%s", name, edge, camera)
+        return row
+
+    def upload(self, name: str, video: Path, every: float) -> Dataset:
+        """A dataset of a recorded clip: one frame every `every` seconds (0: every frame) decoded to its images."""
+        with self._sessions() as session:
+            self._check_new(session, name)
+        capture = cv2.VideoCapture(str(video))
+        try:
+            fps = capture.get(cv2.CAP_PROP_FPS) if capture.isOpened() else 0.0
+            if not fps or not math.isfinite(fps) or fps <= 0:
+                raise DatasetError(422, "the upload is not a video OpenCV can read: send an MP4 (H.264) or similar")
+            step = max(1, round(every * fps)) if every > 0 else 1
+            frames = self._decode(name, capture, step)
+        finally:
+            capture.release()
+        if not frames:
+            self.folders.delete(name)
+            raise DatasetError(422, "the uploaded video has no frame that decodes: send another file")
+        height, width = cv2.imdecode(np.frombuffer(self.folders.image(name, 0).read_bytes(), np.uint8), 0).shape
+        with self._sessions.begin() as session:
+            self._check_new(session, name)
+            row = Dataset(
+                name=name, source="upload", every=every, status="complete", frames=len(frames),
+                expected=len(frames), fps=fps / step, width=width, height=height, regions={},
+            )  # fmt: skip
+            session.add(row)
+            session.flush()
+            session.add_all(
+                DatasetFrame(dataset=name, number=n, camera_frame=index, timestamp=index / fps)
+                for n, index in enumerate(frames)
+            )
+        self.refresh(name)
+        return row
+
+    def _decode(self, name: str, capture: cv2.VideoCapture, step: int) -> list[int]:
+        """Every `step`-th frame into the dataset's images; their indices in the clip."""
+        kept: list[int] = []
+        index = 0
+        while True:
+            ok, image = capture.read()
+            if not ok:
+                return kept
+            if index % step == 0:
+                if len(kept) >= MAX_UPLOAD_FRAMES:
+                    self.folders.delete(name)
+                    raise DatasetError(
+                        413, f"the clip has over {MAX_UPLOAD_FRAMES} frames at this rate: raise `every` or cut it"
+                    )
+                self.folders.write_image(name, len(kept), _jpeg(image))
+                kept.append(index)
+            index += 1
+
+    @staticmethod
+    def _check_new(session: Session, name: str) -> None:
+        if session.get(Dataset, name) is not None:
+            raise DatasetError(409, f"a dataset named {name!r} exists: pick another name or delete it first")
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    def get(self, session: Session, name: str) -> Dataset:
+        row = session.get(Dataset, name)
+        if row is None:
+            raise DatasetError(404, f"no dataset {name!r}: list them with GET /api/datasets")
+        return row
+
+    def counts(self, session: Session, name: str) -> dict[str, EventCounts]:
+        """Per event (labelled or given a region): how its frames are labelled and how many occurrences it has."""
+        dataset = self.get(session, name)
+        labels = self.labels(session, name)
+        return {event: _counts(labels.get(event, {})) for event in sorted(set(labels) | set(dataset.regions))}
+
+    def labels(self, session: Session, name: str, event: str | None = None) -> dict[str, dict[int, int]]:
+        query = select(Label.event, Label.frame_index, Label.value).where(Label.dataset == name)
+        if event is not None:
+            query = query.where(Label.event == event)
+        found: dict[str, dict[int, int]] = {}
+        for label_event, frame, value in session.execute(query.order_by(Label.event, Label.frame_index)):
+            found.setdefault(label_event, {})[frame] = value
+        return found
+
+    def frame_count(self, session: Session, name: str) -> int:
+        return session.scalar(select(func.count()).where(DatasetFrame.dataset == name)) or 0
+
+    # -- changing --------------------------------------------------------------------------------------------
+
+    def set_labels(self, name: str, event: str, labels: Iterable[tuple[int, int | None]]) -> None:
+        """Sets (or, for None, removes) the labels of frames that exist; all or nothing."""
+        _check_event(event)
+        with self._sessions.begin() as session:
+            self.get(session, name)
+            frames = self.frame_count(session, name)
+            changes = dict(labels)
+            outside = sorted(frame for frame in changes if not 0 <= frame < frames)
+            if outside:
+                have = f"it has frames 0 to {frames - 1}" if frames else "it has no frames yet"
+                raise DatasetError(404, f"frame {outside[0]} is not in dataset {name!r}: {have}")
+            session.execute(
+                delete(Label).where(Label.dataset == name, Label.event == event, Label.frame_index.in_(changes))
+            )
+            session.add_all(
+                Label(dataset=name, event=event, frame_index=frame, value=value)
+                for frame, value in changes.items()
+                if value is not None
+            )
+        self.refresh(name)
+
+    def set_region(self, name: str, event: str, polygon: list[tuple[float, float]] | None) -> None:
+        _check_event(event)
+        if polygon is not None and (reason := polygon_errors(tuple(polygon))):
+            raise DatasetError(422, f"invalid region for {event!r}: {reason}")
+        with self._sessions.begin() as session:
+            dataset = self.get(session, name)
+            dataset.regions = {**dataset.regions, event: [list(point) for point in polygon] if polygon else None}
+        self.refresh(name)
+
+    def delete(self, name: str) -> None:
+        with self._sessions.begin() as session:
+            session.delete(self.get(session, name))
+        self.folders.delete(name)
+
+    def refresh(self, name: str) -> None:
+        """Rewrite the dataset's labels.csv and dataset.yaml from the database."""
+        with self._sessions() as session:
+            dataset = self.get(session, name)
+            rows = session.execute(
+                select(DatasetFrame.number, DatasetFrame.camera_frame, DatasetFrame.timestamp).where(
+                    DatasetFrame.dataset == name
+                )
+            ).all()
+            labels = self.labels(session, name)
+        frames = {number: camera_frame for number, camera_frame, _ in rows}
+        fps = dataset.fps or _rate([timestamp for _, _, timestamp in rows])  # a recording still going on
+        self.folders.write_meta(name, fps, frames, labels, dataset.regions)
+
+    # -- the ingest ------------------------------------------------------------------------------------------
+
+    def footage_done(self, edge: str, request: str) -> None:
+        """The edge recorded all of a request: a dataset of every frame gets the rate of the frames' timestamps."""
+        with self._sessions.begin() as session:
+            row = _requested(session, request, edge)
+            if row is None:
+                return
+            if not row.fps:  # every frame was asked for: the camera's rate
+                timestamps = session.scalars(select(DatasetFrame.timestamp).where(DatasetFrame.dataset == row.name))
+                row.fps = _rate(list(timestamps))
+        self.refresh(row.name)
+
+    def pending_requests(self, edges: Iterable[str]) -> list[tuple[str, FootageRequest]]:
+        """The footage requests the edges have not answered yet, as (edge, message)."""
+        with self._sessions() as session:
+            rows = session.scalars(
+                select(Dataset).where(Dataset.status == "requested", Dataset.edge_id.in_(sorted(set(edges))))
+            ).all()
+        return [
+            (row.edge_id, FootageRequest(
+                request=row.request, camera=row.camera, every=row.every, duration=row.duration,
+                max_frames=row.max_frames,
+            ))
+            for row in rows
+        ]  # fmt: skip
+
+    def footage_status(self, edge: str, status: FootageStatus) -> None:
+        with self._sessions.begin() as session:
+            row = _requested(session, status.request, edge)
+            if row is None or row.status != "requested":
+                return  # deleted meanwhile, another edge's, or heard before
+            row.status, row.message = status.state, status.message
+        log.info("dataset %s: edge %s is %s %s", row.name, edge, status.state, status.message)
+
+    def write_footage_image(self, edge: str, header: FootageHeader, payload: bytes) -> bool:
+        """Writes a footage frame's image before its row commits (rewriting the same bytes on a resend); False when
+        no dataset of that edge wants it (deleted meanwhile): the message is acknowledged and dropped."""
+        with self._sessions() as session:
+            row = _requested(session, header.request, edge)
+        if row is None:
+            return False
+        if not header.done:
+            self.folders.write_image(row.name, header.number, payload)
+        return True
+
+    def footage_message(self, session: Session, edge: str, header: FootageHeader, payload: bytes) -> str | None:
+        """The rows of a footage message (its image is written); the dataset's name when it became complete."""
+        row = _requested(session, header.request, edge, lock=True)
+        if row is None:
+            return None
+        if row.status == "requested":
+            row.status = "recording"  # its status message was lost, but the footage says it
+        if header.done:
+            row.expected = header.frames
+        elif session.get(DatasetFrame, (row.name, header.number)) is None:
+            session.add(
+                DatasetFrame(
+                    dataset=row.name, number=header.number, camera_frame=header.frame,
+                    timestamp=header.timestamp,
+                )
+            )  # fmt: skip
+            row.frames += 1
+            if row.width is None:
+                row.height, row.width = cv2.imdecode(np.frombuffer(payload, np.uint8), 0).shape
+        if row.status in ("requested", "recording") and row.expected is not None and row.frames >= row.expected:
+            row.status = "complete"
+            return row.name
+        return None
+
+
+def request_id(name: str) -> str:
+    """A footage request's id at the edge: the dataset's name and a random part, so that a dataset deleted and made
+    again under its name is a new request to the edge (which records each id once)."""
+    return f"{name[:55]}.{secrets.token_hex(4)}"
+
+
+def _requested(session: Session, request: str, edge: str, lock: bool = False) -> Dataset | None:
+    """The dataset a footage request of `edge` is for (None: deleted meanwhile, or another edge's)."""
+    query = select(Dataset).where(Dataset.request == request, Dataset.edge_id == edge)
+    return session.scalar(query.with_for_update() if lock else query)
+
+
+def _check_event(event: str) -> None:
+    if event in (FRAME_INDEX, CAMERA_FRAME):
+        raise DatasetError(422, f"{event!r} is a column of labels.csv itself, not an event: name the event otherwise")
+
+
+def _jpeg(image: np.ndarray) -> bytes:
+    ok, encoded = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, JPEG_QUALITY])
+    if not ok:
+        raise DatasetError(422, "a frame of the upload could not be encoded as JPEG: send another file")
+    return encoded.tobytes()
+
+
+def _rate(timestamps: list[float]) -> float:
+    """Frames per second of stream time, from the frames' timestamps (0 when fewer than two)."""
+    if len(timestamps) < 2:
+        return 0.0
+    span = max(timestamps) - min(timestamps)
+    return (len(timestamps) - 1) / span if span > 0 else 0.0
+
+
+def _counts(labels: dict[int, int]) -> EventCounts:
+    values = list(labels.values())
+    occurrences, previous = 0, None
+    for frame in sorted(labels):
+        positive = labels[frame] == 1
+        if positive and not (previous is not None and previous == frame - 1 and labels[previous] == 1):
+            occurrences += 1
+        previous = frame
+    return EventCounts(
+        labelled=len(values),
+        positive=values.count(1),
+        negative=values.count(0),
+        uncertain=values.count(-1),
+        occurrences=occurrences,
+    )

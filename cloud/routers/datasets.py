@@ -1,0 +1,250 @@
+"""/api/datasets: footage requests to edge cameras, uploaded clips, their frames, labels and event regions
+(docs/studio.md)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path as FsPath
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, File, Form, Path, Query, Response, UploadFile, status
+from fastapi.responses import FileResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from cloud.auth import require
+from cloud.datasets import DatasetError, Datasets, EventCounts
+from cloud.db import Dataset
+from cloud.routers import DatasetsDep, SessionDep
+from cloud.schemas import UtcDatetime, errors
+from common.protocol import ID_PATTERN
+from models.errors import FilterForwardError
+from models.filterspec import NAME_PATTERN
+from models.roi import MAX_POLYGON_POINTS
+
+router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(400, 401, 403, 404, 409, 422, 503))
+Reader = Depends(require("read"))
+Writer = Depends(require("write"))
+EVENT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"  # labels.csv's own columns are refused by the service
+MAX_CLIP_BYTES = 2 * 2**30  # an uploaded clip: far above any camera clip worth labelling, below a full disk
+COPY_CHUNK = 2**20
+
+DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, description="the dataset's name")]
+EventName = Annotated[str, Field(pattern=EVENT_PATTERN, description="an event (a labels.csv column)")]
+Point = tuple[Annotated[float, Field(ge=0, le=1)], Annotated[float, Field(ge=0, le=1)]]
+
+
+class FootageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="the dataset's name (lowercase letters, digits, _ . -)")
+    edge: str = Field(pattern=ID_PATTERN)
+    camera: str = Field(pattern=ID_PATTERN)
+    every: float = Field(1.0, ge=0, le=3600, description="seconds between frames; 0: every frame")
+    duration: float = Field(300.0, gt=0, le=86400, description="seconds of stream time to cover")
+    max_frames: int = Field(300, ge=1, le=100_000)
+
+
+class LabelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    frame: int = Field(ge=0, le=2**31 - 1, description="the frame's number in the dataset")
+    value: Literal[1, 0, -1] | None = Field(description="1 event, 0 not, -1 uncertain, null: no label")
+
+
+class LabelsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    event: EventName
+    labels: list[LabelIn] = Field(max_length=100_000)
+
+
+class RegionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    polygon: list[Point] | None = Field(
+        min_length=3, max_length=MAX_POLYGON_POINTS, description="normalised points, or null: the whole frame"
+    )
+
+
+class EventCountsOut(BaseModel):
+    labelled: int
+    positive: int
+    negative: int
+    uncertain: int
+    occurrences: int = Field(description="runs of consecutive positive frames")
+
+
+class DatasetOut(BaseModel):
+    name: str
+    source: Literal["footage", "upload"]
+    edge: str | None
+    camera: str | None
+    every: float
+    duration: float
+    status: Literal["requested", "recording", "complete", "refused"]
+    message: str = Field(description="why the edge refused the request")
+    frames: int = Field(description="frames stored")
+    expected: int | None = Field(description="frames the edge recorded, known once it is done")
+    fps: float
+    width: int | None
+    height: int | None
+    regions: dict[str, list[Point] | None]
+    events: dict[str, EventCountsOut]
+    created_at: UtcDatetime
+
+
+@router.post("/footage", status_code=status.HTTP_201_CREATED, dependencies=[Writer])
+def request_footage(footage: FootageIn, datasets: DatasetsDep, session: SessionDep) -> DatasetOut:
+    """Ask an edge camera for footage; the edge records it and sends it after its matched frames."""
+    order = footage.model_dump()
+    datasets.request_footage(order.pop("name"), **order)
+    return dataset_out(datasets, session, footage.name)
+
+
+@router.post("/upload", status_code=status.HTTP_201_CREATED, dependencies=[Writer])
+def upload_clip(
+    name: Annotated[str, Form(pattern=NAME_PATTERN, description="the dataset's name")],
+    video: Annotated[UploadFile, File(description="a recorded clip (MP4, MKV, AVI, ...)")],
+    datasets: DatasetsDep,
+    session: SessionDep,
+    every: Annotated[float, Form(ge=0, le=3600, description="seconds between frames kept; 0: every frame")] = 0.0,
+) -> DatasetOut:
+    """A recorded clip as a dataset: its frames (one every `every` s) become the dataset's images."""
+    with tempfile.NamedTemporaryFile(suffix=".video") as copy:
+        _copy_capped(video, copy)
+        datasets.upload(name, FsPath(copy.name), every)
+    return dataset_out(datasets, session, name)
+
+
+@router.get("", dependencies=[Reader])
+def list_datasets(datasets: DatasetsDep, session: SessionDep) -> list[DatasetOut]:
+    names = session.scalars(select(Dataset.name).order_by(Dataset.name)).all()
+    return [dataset_out(datasets, session, name) for name in names]
+
+
+@router.get("/{name}", dependencies=[Reader])
+def get_dataset(name: DatasetName, datasets: DatasetsDep, session: SessionDep) -> DatasetOut:
+    return dataset_out(datasets, session, name)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[Writer])
+def delete_dataset(name: DatasetName, datasets: DatasetsDep) -> None:
+    datasets.delete(name)
+
+
+@router.get(
+    "/{name}/frames/{number}.jpg",
+    dependencies=[Reader],
+    response_class=FileResponse,
+    responses={200: {"content": {"image/jpeg": {}}, "description": "the frame"}},
+)
+def get_frame(
+    name: DatasetName, number: Annotated[int, Path(ge=0, le=2**31 - 1)], datasets: DatasetsDep
+) -> FileResponse:
+    try:
+        path = datasets.folders.image(name, number)
+    except FilterForwardError as exc:
+        raise DatasetError(404, str(exc)) from None
+    return FileResponse(path, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})
+
+
+@router.get("/{name}/labels", dependencies=[Reader])
+def get_labels(
+    name: DatasetName,
+    datasets: DatasetsDep,
+    session: SessionDep,
+    event: Annotated[str | None, Query(pattern=EVENT_PATTERN)] = None,
+) -> dict[str, dict[int, int]]:
+    datasets.get(session, name)
+    return datasets.labels(session, name, event)
+
+
+@router.put("/{name}/labels", dependencies=[Writer])
+def put_labels(name: DatasetName, body: LabelsIn, datasets: DatasetsDep, session: SessionDep) -> DatasetOut:
+    """Set or remove labels of one event, all or none."""
+    datasets.set_labels(name, body.event, [(label.frame, label.value) for label in body.labels])
+    return dataset_out(datasets, session, name)
+
+
+@router.put("/{name}/regions/{event}", dependencies=[Writer])
+def put_region(
+    name: DatasetName,
+    event: Annotated[str, Path(pattern=EVENT_PATTERN)],
+    body: RegionIn,
+    datasets: DatasetsDep,
+    session: SessionDep,
+) -> DatasetOut:
+    """The event's region: only what happens inside it counts."""
+    datasets.set_region(name, event, body.polygon)
+    return dataset_out(datasets, session, name)
+
+
+@router.get(
+    "/{name}/labels.csv",
+    dependencies=[Reader],
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {}}, "description": "labels.csv as docs/datasets.md reads it"}},
+)
+def get_labels_csv(name: DatasetName, datasets: DatasetsDep, session: SessionDep) -> Response:
+    datasets.get(session, name)
+    path = datasets.folders.folder(name) / "labels.csv"
+    return Response(
+        path.read_bytes(),
+        media_type="text/csv",
+        headers={"Content-Disposition": f'attachment; filename="{name}-labels.csv"'},
+    )
+
+
+@router.get(
+    "/{name}/archive.tar",
+    dependencies=[Depends(require("read", "train"))],
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}, "description": "the dataset folder"}},
+)
+def get_archive(name: DatasetName, datasets: DatasetsDep, session: SessionDep) -> StreamingResponse:
+    """The dataset folder (images/, labels.csv, dataset.yaml) as a tar: what a trainer downloads."""
+    datasets.get(session, name)
+    return StreamingResponse(
+        datasets.folders.archive(name),
+        media_type="application/x-tar",
+        headers={"Content-Disposition": f'attachment; filename="{name}.tar"'},
+    )
+
+
+def dataset_out(datasets: Datasets, session: SessionDep, name: str) -> DatasetOut:
+    session.expire_all()  # the service wrote in its own transactions: read what they committed
+    row = datasets.get(session, name)
+    return DatasetOut(
+        name=row.name,
+        source=row.source,
+        edge=row.edge_id,
+        camera=row.camera,
+        every=row.every,
+        duration=row.duration,
+        status=row.status,
+        message=row.message,
+        frames=row.frames,
+        expected=row.expected,
+        fps=row.fps,
+        width=row.width,
+        height=row.height,
+        regions=row.regions,
+        events={event: _counts_out(counts) for event, counts in datasets.counts(session, name).items()},
+        created_at=row.created_at,
+    )
+
+
+def _counts_out(counts: EventCounts) -> EventCountsOut:
+    return EventCountsOut(**counts.__dict__)
+
+
+def _copy_capped(upload: UploadFile, target: tempfile._TemporaryFileWrapper) -> None:
+    """The upload into `target`, refused (413) as soon as it passes MAX_CLIP_BYTES."""
+    copied = 0
+    while chunk := upload.file.read(COPY_CHUNK):
+        copied += len(chunk)
+        if copied > MAX_CLIP_BYTES:
+            raise DatasetError(413, f"the clip is over {MAX_CLIP_BYTES >> 20} MiB: cut it or lower its resolution")
+        target.write(chunk)
+    target.flush()

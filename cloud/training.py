@@ -1,0 +1,332 @@
+"""The training-job queue (docs/studio.md): jobs to train a filter on a dataset's event, taken by trainer services
+under a lease, their bundles deployed through the filter registry.
+
+A trainer holds a job while it renews the lease (every progress report renews it). A running job whose lease ran
+out is claimed again by the next trainer (its trainer died or lost the cloud); after `attempts` claims it fails
+instead. Every change of a job's state is one UPDATE guarded by the state it was decided on (compare and set): two
+trainers claiming at once, or a trainer the queue has given its job away from, can never both hold it, on SQLite and
+PostgreSQL alike. Every refusal (TrainingError) happens before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, defer, sessionmaker
+
+from cloud.config import TrainingConfig
+from cloud.db import Dataset, Edge, Filter, Label, TrainingJob, utcnow
+from cloud.registry import TAPS, Registry, RegistryError, parse_spec, too_big
+from cloud.schemas import TrainingReport
+from models.bundle import check_mc_model
+from models.errors import FilterForwardError, is_disk_full, validation_summary
+from models.filterspec import NAME_PATTERN, FilterSpec
+
+log = logging.getLogger(__name__)
+
+RETRIES = 5  # claims lost to another trainer before giving up (each takes the next job)
+T = TypeVar("T")
+
+
+class TrainingError(RegistryError):
+    """A refused request; the API answers with `status` and the message (the registry's error handler)."""
+
+
+class TrainingJobs:
+    """The queue over the training_jobs table; rows handed out are detached snapshots."""
+
+    def __init__(self, sessions: sessionmaker, registry: Registry, config: TrainingConfig) -> None:
+        self._sessions = sessions
+        self.registry = registry
+        self.lease = timedelta(seconds=config.lease)
+        self.attempts = config.attempts
+
+    # -- operators -------------------------------------------------------------------------------------------
+
+    def create(self, dataset: str, event: str, filter_name: str, options: dict[str, Any]) -> TrainingJob:
+        """Queue a job; refused when the filter name is invalid, the dataset unknown or the event lacks a class."""
+        if not re.match(NAME_PATTERN, filter_name):
+            raise TrainingError(
+                422,
+                f"filter name {filter_name!r} is not valid: use 1-64 lowercase letters, digits, '_', '.' or '-', "
+                "starting with a letter or digit",
+            )
+
+        def insert(session: Session) -> TrainingJob:
+            source = session.get(Dataset, dataset)
+            if source is None:
+                raise TrainingError(404, f"no dataset named '{dataset}': list the datasets with GET /api/datasets")
+            positive, negative = _label_counts(session, dataset, event)
+            if not positive or not negative:
+                raise TrainingError(
+                    422,
+                    f"event '{event}' of dataset '{dataset}' has {positive} positive and {negative} negative labels: "
+                    f"label frames with and without it (PUT /api/datasets/{dataset}/labels), then queue the job",
+                )
+            job = TrainingJob(
+                dataset=dataset,
+                event=event,
+                filter_name=filter_name,
+                options=_for_the_edge(session, source, options),
+                status="queued",
+                progress={},
+            )
+            session.add(job)
+            return job
+
+        job = self._write(f"training job for filter '{filter_name}'", insert)
+        log.info("training job %d queued: filter %s from %s/%s %s", job.id, filter_name, dataset, event, options)
+        return job
+
+    def jobs(self, status: str | None = None, dataset: str | None = None) -> list[tuple[TrainingJob, int]]:
+        """Every job, newest first, with its model's size (the models themselves are not loaded)."""
+        self._fail_abandoned()
+        query = select(TrainingJob, func.coalesce(func.length(TrainingJob.onnx), 0)).options(defer(TrainingJob.onnx))
+        if status is not None:
+            query = query.where(TrainingJob.status == status)
+        if dataset is not None:
+            query = query.where(TrainingJob.dataset == dataset)
+        with self._sessions() as session:
+            rows = session.execute(query.order_by(TrainingJob.created_at.desc(), TrainingJob.id.desc())).all()
+            return [(job, int(size)) for job, size in rows]
+
+    def get(self, job_id: int) -> TrainingJob:
+        self._fail_abandoned()
+        with self._sessions() as session:
+            return _existing(session, job_id)
+
+    def deploy(self, job_id: int) -> Filter:
+        """The job's bundle through the registry: created, or a new revision of the filter (keeping the cameras and
+        encoding the operator set on it). Deploying a job again puts its model back (a rollback)."""
+        job = self.get(job_id)
+        if job.status != "done" or job.spec is None or job.onnx is None:
+            raise TrainingError(
+                409,
+                f"training job {job_id} is {job.status}, not done: deploy it once GET /api/training-jobs/{job_id} "
+                "says done",
+            )
+        spec = FilterSpec.model_validate(job.spec)
+        with self._sessions() as session:
+            current = session.get(Filter, spec.name)
+            source = session.get(Dataset, job.dataset)
+        if current is None:
+            row = self.registry.create(_on_its_camera(spec, source.camera if source else None), job.onnx)
+        else:
+            kept = {key: current.spec[key] for key in ("cameras", "encoding") if key in current.spec}
+            row = self.registry.update(spec.name, FilterSpec.model_validate({**job.spec, **kept}), job.onnx)
+        self._write(f"training job {job_id}", partial(_swap, job_id=job_id, guard=(), values={"deployed": True}))
+        log.info("training job %d deployed as filter %s (revision %d)", job_id, row.name, row.revision)
+        return row
+
+    # -- trainers --------------------------------------------------------------------------------------------
+
+    def claim(self, trainer: str) -> TrainingJob | None:
+        """The oldest queued job, or a running one whose lease ran out, now held by `trainer`; None when none waits."""
+        self._fail_abandoned()
+        for _ in range(RETRIES):
+            now = utcnow()
+            with self._sessions() as session:
+                job = session.scalars(
+                    select(TrainingJob)
+                    .where(_claimable(now))
+                    .order_by(TrainingJob.created_at, TrainingJob.id)
+                    .limit(1)
+                    .options(defer(TrainingJob.onnx))
+                ).first()
+            if job is None:
+                return None
+            previous = job.trainer if job.status == "running" else None
+            values = {
+                "status": "running",
+                "trainer": trainer,
+                "attempts": job.attempts + 1,
+                "lease_until": now + self.lease,
+                "started_at": now,
+                "error": "",
+                "progress": {"stage": "claimed", "fraction": 0.0, "message": f"taken by trainer {trainer}"},
+            }
+            guard = (TrainingJob.status == job.status, TrainingJob.attempts == job.attempts)
+            if self._write(f"training job {job.id}", partial(_swap, job_id=job.id, guard=guard, values=values)):
+                if previous:
+                    log.warning("training job %d: trainer %s stopped reporting; taken by %s", job.id, previous, trainer)
+                log.info("training job %d claimed by %s (attempt %d)", job.id, trainer, job.attempts + 1)
+                return self.get(job.id)
+        return None  # other trainers took every job this one tried: it asks again after its poll interval
+
+    def progress(
+        self, job_id: int, trainer: str, stage: str, fraction: float, message: str, attempt: int | None = None
+    ) -> TrainingJob:
+        """Record the trainer's report and renew its lease."""
+        job = self._held(job_id, trainer, attempt)
+        values = {
+            "progress": {"stage": stage, "fraction": fraction, "message": message},
+            "lease_until": utcnow() + self.lease,
+        }
+        self._swap_held(job, values)
+        return self.get(job_id)
+
+    def result(
+        self, job_id: int, trainer: str, spec_text: str, onnx: bytes, report_text: str, attempt: int | None = None
+    ) -> TrainingJob:
+        """Store the bundle and its report (each checked as the registry would): the job is done."""
+        job = self._held(job_id, trainer, attempt)
+        spec = parse_spec(spec_text)
+        if spec.name != job.filter_name or spec.event != job.event:
+            raise TrainingError(
+                422,
+                f"the spec is for filter '{spec.name}' and event '{spec.event}', but job {job_id} makes filter "
+                f"'{job.filter_name}' for event '{job.event}': upload the bundle trained for this job",
+            )
+        self._check_model(spec, onnx)
+        report = _parse_report(report_text)
+        now = utcnow()
+        values = {
+            "status": "done",
+            "spec": spec.model_dump(mode="json"),
+            "onnx": onnx,
+            "result": report,
+            "finished_at": now,
+            "lease_until": None,
+            "progress": {"stage": "done", "fraction": 1.0, "message": "trained: deploy it to the edges"},
+        }
+        self._swap_held(job, values)
+        log.info("training job %d done by %s: filter %s, %d bytes of ONNX", job_id, trainer, spec.name, len(onnx))
+        return self.get(job_id)
+
+    def failed(self, job_id: int, trainer: str, message: str, attempt: int | None = None) -> TrainingJob:
+        job = self._held(job_id, trainer, attempt)
+        reason = (message.strip().splitlines() or ["(no reason given)"])[0]
+        values = {"status": "failed", "error": reason, "finished_at": utcnow(), "lease_until": None}
+        self._swap_held(job, values)
+        log.warning("training job %d failed on trainer %s: %s", job_id, trainer, reason)
+        return self.get(job_id)
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _held(self, job_id: int, trainer: str, attempt: int | None) -> TrainingJob:
+        """The job, if `trainer` holds it (and, given `attempt`, by that claim); 409 for a trainer that does not."""
+        job = self.get(job_id)
+        if job.status != "running" or job.trainer != trainer or attempt not in (None, job.attempts):
+            holder = f" by trainer '{job.trainer}' (attempt {job.attempts})" if job.status == "running" else ""
+            raise TrainingError(
+                409,
+                f"training job {job_id} is not held by trainer '{trainer}'"
+                f"{f' (attempt {attempt})' if attempt else ''}: it is {job.status}{holder}; stop working on it "
+                "and claim another",
+            )
+        return job
+
+    def _swap_held(self, job: TrainingJob, values: dict[str, Any]) -> None:
+        """Apply `values` if the job is still held as `_held` saw it; 409 when it changed hands meanwhile."""
+        guard = (
+            TrainingJob.status == "running",
+            TrainingJob.trainer == job.trainer,
+            TrainingJob.attempts == job.attempts,
+        )
+        if not self._write(f"training job {job.id}", partial(_swap, job_id=job.id, guard=guard, values=values)):
+            raise TrainingError(
+                409, f"training job {job.id} changed hands while trainer '{job.trainer}' reported: claim another"
+            )
+
+    def _fail_abandoned(self) -> None:
+        """Running jobs whose lease ran out after the last allowed claim: failed, saying that their trainers died."""
+        now = utcnow()
+        expired = and_(
+            TrainingJob.status == "running", TrainingJob.lease_until < now, TrainingJob.attempts >= self.attempts
+        )
+        with self._sessions() as session:
+            found = session.execute(select(TrainingJob.id, TrainingJob.trainer).where(expired)).all()
+        for job_id, trainer in found:
+            values = {
+                "status": "failed",
+                "finished_at": now,
+                "lease_until": None,
+                "error": f"the trainer died or lost the cloud on each of {self.attempts} attempts (last: {trainer}, "
+                f"silent for over {self.lease.total_seconds():g} s): see the trainers' logs, then queue the job again",
+            }
+            if self._write(f"training job {job_id}", partial(_swap, job_id=job_id, guard=(expired,), values=values)):
+                log.warning("training job %d failed: its trainer stopped reporting %d times", job_id, self.attempts)
+
+    def _check_model(self, spec: FilterSpec, onnx: bytes) -> None:
+        """The registry's checks on an upload: its size, and the model against the spec's tap, ROI and input size."""
+        if len(onnx) > self.registry.max_upload_bytes:
+            raise TrainingError(413, too_big(len(onnx), self.registry.max_upload_bytes))
+        try:
+            check_mc_model(spec, onnx, TAPS[spec.tap].shape(spec.input_size))
+        except FilterForwardError as exc:
+            raise TrainingError(422, f"the trained model does not fit its spec: {exc}") from None
+
+    def _write(self, what: str, apply: Callable[[Session], T]) -> T:
+        """`apply` in one transaction; the database's failures as one-line refusals (nothing was changed)."""
+        try:
+            with self._sessions.begin() as session:
+                return apply(session)
+        except OperationalError as exc:
+            if is_disk_full(exc):
+                raise TrainingError(
+                    507, f"{what} could not be saved: the database's disk is full; free space there"
+                ) from None
+            log.error("%s could not be saved: %s", what, exc)
+            raise TrainingError(503, f"{what} could not be saved: the database is unavailable; retry") from None
+
+
+def _claimable(now: datetime) -> Any:
+    lapsed = and_(TrainingJob.status == "running", TrainingJob.lease_until < now)
+    return or_(TrainingJob.status == "queued", lapsed)
+
+
+def _swap(session: Session, job_id: int, guard: tuple[Any, ...], values: dict[str, Any]) -> bool:
+    """Compare and set: update the job only while `guard` holds; whether it did."""
+    statement = update(TrainingJob).where(TrainingJob.id == job_id, *guard).values(**values)
+    return session.execute(statement.execution_options(synchronize_session=False)).rowcount == 1
+
+
+def _label_counts(session: Session, dataset: str, event: str) -> tuple[int, int]:
+    """Frames labelled positive and negative for the event."""
+    counts = dict(
+        session.execute(
+            select(Label.value, func.count())
+            .where(Label.dataset == dataset, Label.event == event, Label.value.in_((0, 1)))
+            .group_by(Label.value)
+        ).all()
+    )
+    return counts.get(1, 0), counts.get(0, 0)
+
+
+def _parse_report(text: str) -> dict[str, Any]:
+    try:
+        return TrainingReport.model_validate(json.loads(text)).model_dump(mode="json")
+    except json.JSONDecodeError as exc:
+        raise TrainingError(400, f"report is not valid JSON ({exc}): send the training report as an object") from None
+    except ValidationError as exc:
+        raise TrainingError(422, f"invalid training report: {validation_summary(exc, 'report')}") from None
+
+
+def _existing(session: Session, job_id: int) -> TrainingJob:
+    job = session.get(TrainingJob, job_id)
+    if job is None:
+        raise TrainingError(404, f"no training job {job_id}: list the jobs with GET /api/training-jobs")
+    return job
+
+
+def _for_the_edge(session: Session, dataset: Dataset, options: dict[str, Any]) -> dict[str, Any]:
+    """The options, trained at the input size of the edge the footage came from unless they name one: its MC bank
+    refuses filters trained at another."""
+    edge = session.get(Edge, dataset.edge_id) if dataset.edge_id else None
+    if options.get("input_size") or edge is None or not edge.input_size:
+        return options
+    return {**options, "input_size": list(edge.input_size)}
+
+
+def _on_its_camera(spec: FilterSpec, camera: str | None) -> FilterSpec:
+    """A new filter from an edge camera's footage runs on that camera (the operator widens it with PUT /api/filters)."""
+    return spec.model_copy(update={"cameras": [camera]}) if camera else spec

@@ -1,0 +1,1066 @@
+"use strict";
+// The filter studio (docs/studio.md): datasets from edge cameras or uploaded clips, labelling by keyboard, event
+// regions, training jobs and deployment. Plain JS loaded after app.js, whose helpers it uses (api, el, byId,
+// setStatus, fmt, SECTIONS, pollNow, refreshFilters).
+//
+// Labels are applied on the page at once and sent in small ordered batches (PUT .../labels, debounced): a batch
+// that fails stays first in line and is retried until it is stored, so no label is lost or applied out of order.
+
+const LABEL_DEBOUNCE_MS = 300; // quiet time before a batch of labels is sent
+const LABEL_MAX_WAIT_MS = 1000; // ... but a batch never waits longer than this while keys keep coming
+const LABEL_BATCH_MAX = 500; // labels per PUT
+const RETRY_MS = [1000, 2000, 5000, 10000]; // waits before retrying a failed PUT, the last one repeated
+const PRELOAD_AHEAD = 8; // frames fetched ahead of the current one, so moving on is instant
+const PRELOAD_BEHIND = 2;
+const STRIP_RADIUS = 7; // thumbnails either side of the current frame
+const FRAME_CACHE_SIZE = 200; // frame images kept as blob URLs
+const DATASETS_IDLE_POLLS = 5; // with nothing recording, the list is read again every this many polls (10 s)
+const TRAINING_POLL_MS = 2000;
+const EXAMPLES_SHOWN = 8; // example frames shown per kind (hits, false alarms, misses)
+
+const LABELS = { 1: "event", 0: "not", "-1": "uncertain" };
+const LABEL_BY_KEY = { 1: 1, 0: 0, u: -1, U: -1, x: null, X: null, Delete: null };
+const LABEL_BY_CODE = { Digit1: 1, Numpad1: 1, Digit0: 0, Numpad0: 0, KeyU: -1, KeyX: null };
+const ACTIVE_STATUSES = new Set(["requested", "recording"]);
+
+const datasetPath = (name, rest = "") => `/api/datasets/${encodeURIComponent(name)}${rest}`;
+const labelClass = (value) => (value === undefined ? "unlabelled" : value === -1 ? "label-u" : `label-${value}`);
+
+function range(from, to) {
+  const frames = [];
+  for (let frame = Math.min(from, to); frame <= Math.max(from, to); frame += 1) frames.push(frame);
+  return frames;
+}
+
+const plural = (count, noun) => `${fmt.count(count)} ${noun}${count === 1 ? "" : "s"}`;
+
+function setMessage(id, text, isError = false) {
+  const node = byId(id);
+  node.textContent = text;
+  node.classList.toggle("error", isError);
+  node.classList.toggle("ok", !isError && text !== "");
+  node.setAttribute("role", isError ? "alert" : "status");
+}
+
+// ------------------------------------------------------------------------------------------------- datasets
+
+const datasetList = {
+  byName: new Map(), // name -> DatasetOut, as last read
+  signature: "",
+  loaded: false,
+  stale: true, // read again at the next poll (after a change made here)
+  polls: 0,
+};
+
+async function refreshDatasets() {
+  datasetList.polls += 1;
+  const active = [...datasetList.byName.values()].some((dataset) => ACTIVE_STATUSES.has(dataset.status));
+  if (datasetList.loaded && !datasetList.stale && !active && datasetList.polls % DATASETS_IDLE_POLLS !== 0) return;
+  datasetList.stale = false;
+  const datasets = await api("/api/datasets");
+  datasetList.loaded = true;
+  datasetList.byName = new Map(datasets.map((dataset) => [dataset.name, dataset]));
+  syncStudioDataset();
+  const signature = JSON.stringify(datasets);
+  if (signature === datasetList.signature) return;
+  datasetList.signature = signature;
+  const rows = datasets.map(datasetRow);
+  byId("datasets-body").replaceChildren(
+    ...(rows.length ? rows : [emptyRow(6, "No datasets yet: request footage from a camera or upload a clip.")]),
+  );
+}
+
+function refreshDatasetsNow() {
+  datasetList.stale = true;
+  pollNow();
+}
+
+function datasetRow(dataset) {
+  const label = el(
+    "button",
+    { type: "button", class: "secondary", "data-testid": "dataset-label", "aria-label": `Label ${dataset.name}` },
+    "Label",
+  );
+  label.addEventListener("click", () => openStudio(dataset.name));
+  const remove = el(
+    "button",
+    {
+      type: "button",
+      class: "danger",
+      "data-testid": "dataset-delete",
+      "aria-label": `Delete dataset ${dataset.name}`,
+    },
+    "Delete",
+  );
+  remove.addEventListener("click", () => deleteDataset(dataset.name, remove));
+  return el(
+    "tr",
+    { "data-testid": "dataset-row", "data-name": dataset.name },
+    el("th", { scope: "row", "data-field": "name" }, dataset.name),
+    el("td", { "data-field": "source" }, sourceText(dataset)),
+    el(
+      "td",
+      { "data-field": "status", class: dataset.status === "refused" ? "warn" : null, title: dataset.message || null },
+      dataset.message ? `${dataset.status}: ${dataset.message}` : dataset.status,
+    ),
+    numCell("frames", framesText(dataset)),
+    el("td", { "data-field": "events", class: "events-cell" }, ...eventSummaries(dataset)),
+    el("td", { class: "actions" }, label, remove),
+  );
+}
+
+function sourceText(dataset) {
+  if (dataset.source !== "footage") return "uploaded clip";
+  const every = dataset.every > 0 ? `every ${dataset.every} s` : "every frame";
+  return `${dataset.edge} / ${dataset.camera}, ${every}`;
+}
+
+function framesText(dataset) {
+  const expected = dataset.expected;
+  return typeof expected === "number" && expected !== dataset.frames
+    ? `${fmt.count(dataset.frames)} / ${fmt.count(expected)}`
+    : fmt.count(dataset.frames);
+}
+
+/** One line per event: labelled frames (event / not / uncertain) and occurrences. */
+function eventSummaries(dataset) {
+  const events = Object.entries(dataset.events || {});
+  if (!events.length) return ["—"];
+  return events.map(([event, counts]) =>
+    el(
+      "div",
+      { "data-event": event },
+      el("strong", {}, event),
+      `: ${fmt.count(counts.labelled)} labelled (${fmt.count(counts.positive)} event / ${fmt.count(counts.negative)} ` +
+        `not / ${fmt.count(counts.uncertain)} uncertain), ${plural(counts.occurrences, "occurrence")}`,
+    ),
+  );
+}
+
+async function deleteDataset(name, button) {
+  if (!confirm(`Delete dataset "${name}" with its frames and labels? This cannot be undone.`)) return;
+  button.disabled = true;
+  try {
+    await api(datasetPath(name), { method: "DELETE" });
+    setStatus("datasets-status", `Deleted ${name}.`);
+    if (studio.dataset && studio.dataset.name === name) closeStudio();
+    refreshDatasetsNow();
+  } catch (err) {
+    setStatus("datasets-status", `Could not delete ${name}: ${err.message}`, true);
+    button.disabled = false;
+  }
+}
+
+// ------------------------------------------------------------------------------------ footage and uploads
+
+let footageEdges = []; // EdgeOut list the footage form offers
+
+async function loadFootageChoices() {
+  const select = byId("fo-edge");
+  try {
+    footageEdges = await api("/api/edges");
+  } catch (err) {
+    setMessage("footage-message", `Could not list the edges: ${err.message}`, true);
+    return;
+  }
+  const chosen = select.value;
+  const options = footageEdges.map((edge) =>
+    el("option", { value: edge.id }, edge.online ? edge.id : `${edge.id} (offline)`),
+  );
+  select.replaceChildren(...(options.length ? options : [el("option", { value: "" }, "no edge has connected")]));
+  if (footageEdges.some((edge) => edge.id === chosen)) select.value = chosen;
+  fillFootageCameras();
+}
+
+function fillFootageCameras() {
+  const edge = footageEdges.find((candidate) => candidate.id === byId("fo-edge").value);
+  const cameras = edge ? edge.cameras : [];
+  const select = byId("fo-camera");
+  const chosen = select.value;
+  const options = cameras.map((camera) => el("option", { value: camera }, camera));
+  select.replaceChildren(...(options.length ? options : [el("option", { value: "" }, "no camera")]));
+  if (cameras.includes(chosen)) select.value = chosen;
+}
+
+async function requestFootage(event) {
+  event.preventDefault();
+  const form = event.currentTarget;
+  const value = (name) => form.elements[name].value.trim();
+  const order = {
+    name: value("name"),
+    edge: value("edge"),
+    camera: value("camera"),
+    every: Number(value("every")),
+    duration: Number(value("duration")),
+    max_frames: Number(value("max_frames")),
+  };
+  await submitting(form, "footage-message", "Asking the edge…", async () => {
+    const dataset = await api("/api/datasets/footage", { method: "POST", json: order });
+    form.elements.name.value = "";
+    refreshDatasetsNow();
+    return `Requested ${dataset.name} from ${dataset.edge} / ${dataset.camera}: the edge records it, then sends it.`;
+  });
+}
+
+async function uploadClip(event) {
+  event.preventDefault();
+  const form = event.currentTarget;
+  const body = new FormData();
+  body.append("name", form.elements.name.value.trim());
+  body.append("every", form.elements.every.value.trim() || "0");
+  body.append("video", form.elements.video.files[0]);
+  await submitting(form, "upload-message", "Uploading and decoding the clip…", async () => {
+    const dataset = await api("/api/datasets/upload", { method: "POST", body });
+    form.elements.name.value = "";
+    form.elements.video.value = "";
+    refreshDatasetsNow();
+    return `Uploaded ${dataset.name}: ${fmt.count(dataset.frames)} frames at ${fmt.number(dataset.fps, 1)} fps.`;
+  });
+}
+
+/** Runs `action` with the form's submit button disabled; its answer (or the server's refusal) in `messageId`. */
+async function submitting(form, messageId, busyText, action) {
+  const submit = form.querySelector("[type=submit]");
+  submit.disabled = true;
+  setMessage(messageId, busyText);
+  try {
+    setMessage(messageId, await action());
+  } catch (err) {
+    setMessage(messageId, `Not done: ${err.message}`, true);
+  } finally {
+    submit.disabled = false;
+  }
+}
+
+// ------------------------------------------------------------------------------------------- frame images
+
+const frameCache = {
+  dataset: "",
+  urls: new Map(), // frame -> Promise of a blob URL, least recently used first
+};
+
+/** The frame's image as a blob URL (fetched once with the token; <img> cannot send it). */
+function frameUrl(number) {
+  const name = studio.dataset.name;
+  if (frameCache.dataset !== name) clearFrameCache(name);
+  let url = frameCache.urls.get(number);
+  if (url) {
+    frameCache.urls.delete(number); // most recently used: last
+  } else {
+    url = api(datasetPath(name, `/frames/${number}.jpg`), { as: "blob" }).then((blob) => URL.createObjectURL(blob));
+    url.catch(() => {
+      if (frameCache.urls.get(number) === url) frameCache.urls.delete(number); // asked again next time
+    });
+  }
+  frameCache.urls.set(number, url);
+  evictFrames();
+  return url;
+}
+
+function evictFrames() {
+  while (frameCache.urls.size > FRAME_CACHE_SIZE) {
+    const [oldest, url] = frameCache.urls.entries().next().value;
+    frameCache.urls.delete(oldest);
+    url.then(URL.revokeObjectURL, () => {});
+  }
+}
+
+function clearFrameCache(name) {
+  for (const url of frameCache.urls.values()) url.then(URL.revokeObjectURL, () => {});
+  frameCache.urls.clear();
+  frameCache.dataset = name;
+}
+
+function preloadAround(number) {
+  for (let frame = number - PRELOAD_BEHIND; frame <= number + PRELOAD_AHEAD; frame += 1) {
+    if (frame >= 0 && frame < frameTotal()) frameUrl(frame).catch(() => {});
+  }
+}
+
+/** Shows the frame's image in `img` once loaded, unless `img` was given another frame meanwhile. */
+async function showImage(img, number) {
+  img.dataset.want = String(number);
+  try {
+    const url = await frameUrl(number);
+    if (img.dataset.want !== String(number)) return;
+    img.src = url;
+    img.dataset.frame = String(number);
+    img.removeAttribute("title");
+  } catch (err) {
+    if (img.dataset.want !== String(number)) return;
+    img.removeAttribute("src");
+    delete img.dataset.frame;
+    img.title = `frame ${number}: ${err.message}`;
+  }
+}
+
+// ------------------------------------------------------------------------------------------ labelling view
+
+const studio = {
+  dataset: null, // DatasetOut of the open dataset
+  event: "", // the event being labelled ("" until one is chosen)
+  frame: 0, // the current frame
+  labels: new Map(), // frame -> 1 | 0 | -1 for the event, unsaved changes included
+  loaded: false, // the event's stored labels have been read: labelling may start
+  anchor: null, // where a Shift+arrow selection started, or null
+  lastLabelled: null, // the frame labelled last (Shift+label labels from there)
+  draft: [], // region points being drawn, normalised [x, y]
+  generation: 0, // bumped when the dataset or event changes: answers for the old one are dropped
+};
+
+const frameTotal = () => (studio.dataset ? studio.dataset.frames : 0);
+
+async function openStudio(name) {
+  const dataset = datasetList.byName.get(name);
+  if (!dataset) return;
+  const previous = studio.dataset && studio.dataset.name;
+  studio.dataset = dataset;
+  if (previous !== name) {
+    studio.frame = 0;
+    studio.event = "";
+    clearFrameCache(name);
+  }
+  byId("studio").hidden = false;
+  byId("studio-dataset").textContent = name;
+  const stage = byId("stage");
+  if (dataset.width && dataset.height) stage.style.aspectRatio = `${dataset.width} / ${dataset.height}`;
+  fillEventChoices();
+  fillTrainingKinds();
+  const events = knownEvents(dataset);
+  await chooseEvent(events.includes(studio.event) ? studio.event : events[0] || "");
+  byId("studio").scrollIntoView({ block: "start" });
+  if (studio.event) stage.focus({ preventScroll: true });
+  else byId("studio-event").focus({ preventScroll: true });
+}
+
+function closeStudio() {
+  studio.generation += 1;
+  studio.dataset = null;
+  studio.event = "";
+  studio.draft = [];
+  stopTrainingPoll();
+  byId("studio").hidden = true;
+}
+
+/** The open dataset as the list last read it (frames arrive while an edge records). */
+function syncStudioDataset() {
+  if (!studio.dataset) return;
+  const fresh = datasetList.byName.get(studio.dataset.name);
+  if (!fresh) {
+    closeStudio();
+    setStatus("datasets-status", "The dataset being labelled was deleted.", true);
+    return;
+  }
+  const grew = fresh.frames !== studio.dataset.frames;
+  studio.dataset = fresh;
+  fillEventChoices();
+  renderCounts();
+  if (grew) renderFrame();
+}
+
+const knownEvents = (dataset) =>
+  [...new Set([...Object.keys(dataset.events || {}), ...Object.keys(dataset.regions || {})])].sort();
+
+function fillEventChoices() {
+  setOptions(byId("studio-events"), knownEvents(studio.dataset));
+}
+
+/** Opens `event` of the open dataset: its labels (with the ones not saved yet), region and training jobs. */
+async function chooseEvent(event) {
+  studio.generation += 1;
+  const generation = studio.generation;
+  studio.event = event;
+  studio.labels = new Map();
+  studio.loaded = false;
+  studio.anchor = null;
+  studio.lastLabelled = null;
+  studio.draft = [];
+  byId("studio-event").value = event;
+  byId("train-filter").value = event ? defaultFilterName(studio.dataset.name, event) : "";
+  setMessage("region-message", "");
+  setMessage("train-message", "");
+  byId("training").replaceChildren();
+  stopTrainingPoll();
+  renderAll();
+  if (!event) {
+    setStatus("save-state", "Type or pick the event to label, then press Enter.");
+    return;
+  }
+  setStatus("save-state", "Reading the labels…");
+  if (await loadLabels(generation)) showLatestTrainingJob(generation);
+}
+
+/** The open event's stored labels with the ones not saved yet on top; false when they could not be read. */
+async function loadLabels(generation) {
+  const event = studio.event;
+  try {
+    const answer = await api(datasetPath(studio.dataset.name, `/labels?event=${encodeURIComponent(event)}`));
+    if (generation !== studio.generation) return false;
+    const stored = (answer && answer[event]) || {};
+    studio.labels = new Map(Object.entries(stored).map(([frame, value]) => [Number(frame), value]));
+    for (const [frame, value] of unsavedLabels()) {
+      if (value === null) studio.labels.delete(frame);
+      else studio.labels.set(frame, value);
+    }
+    studio.loaded = true;
+  } catch (err) {
+    if (generation === studio.generation) setStatus("save-state", `Could not read the labels: ${err.message}`, true);
+    return false;
+  }
+  renderAll();
+  return true;
+}
+
+/** A filter name from the dataset and event (FilterSpec's name pattern). */
+function defaultFilterName(dataset, event) {
+  const name = `${dataset}-${event}`.toLowerCase().replace(/[^a-z0-9_.-]+/g, "-");
+  return name.replace(/^[^a-z0-9]+/, "").slice(0, 64) || "filter";
+}
+
+function renderAll() {
+  renderCounts();
+  renderFrame();
+  renderRegion();
+  renderSaveState();
+}
+
+function renderCounts() {
+  const counts = (studio.event && studio.dataset && (studio.dataset.events || {})[studio.event]) || {};
+  const items = [
+    ["labelled", "labelled", counts.labelled],
+    ["positive", "event", counts.positive],
+    ["negative", "not", counts.negative],
+    ["uncertain", "uncertain", counts.uncertain],
+    ["occurrences", "occurrences", counts.occurrences],
+  ];
+  byId("studio-counts").replaceChildren(
+    ...items.map(([key, label, value]) =>
+      el("div", { "data-field": key }, el("dt", {}, label), el("dd", {}, fmt.count(value || 0))),
+    ),
+  );
+}
+
+function renderFrame() {
+  const number = studio.frame;
+  const total = frameTotal();
+  byId("stage").dataset.frame = String(number);
+  byId("frame-position").textContent = total ? `Frame ${number} of 0–${total - 1}` : "No frames yet";
+  const value = studio.labels.get(number);
+  const badge = byId("frame-label");
+  badge.textContent = studio.event ? (value === undefined ? "unlabelled" : LABELS[value]) : "";
+  badge.className = `label-badge ${labelClass(value)}`;
+  const selection = selectedFrames();
+  byId("frame-selection").textContent = selection.length > 1 ? `${selection.length} frames selected` : "";
+  if (total) {
+    showImage(byId("frame-image"), number);
+    preloadAround(number);
+  }
+  renderStrip();
+}
+
+function renderStrip() {
+  const strip = byId("frame-strip");
+  if (strip.children.length !== 2 * STRIP_RADIUS + 1) {
+    strip.replaceChildren(...range(0, 2 * STRIP_RADIUS).map(stripItem));
+  }
+  const selected = new Set(selectedFrames().length > 1 ? selectedFrames() : []);
+  const unsaved = new Set(unsavedLabels().keys());
+  [...strip.children].forEach((item, index) => {
+    const frame = studio.frame - STRIP_RADIUS + index;
+    const inside = frame >= 0 && frame < frameTotal();
+    if (!inside) {
+      item.className = "strip-item outside"; // keeps its place: the current frame stays in the middle
+      delete item.dataset.frame;
+      item.querySelector("img").dataset.want = "";
+      return;
+    }
+    const value = studio.labels.get(frame);
+    item.dataset.frame = String(frame);
+    item.className = [
+      "strip-item",
+      labelClass(value),
+      frame === studio.frame ? "current" : "",
+      selected.has(frame) ? "selected" : "",
+      unsaved.has(frame) ? "unsaved" : "",
+    ].join(" ");
+    item.title = `frame ${frame}: ${value === undefined ? "unlabelled" : LABELS[value]}`;
+    item.querySelector(".strip-number").textContent = String(frame);
+    showImage(item.querySelector("img"), frame);
+  });
+}
+
+function stripItem() {
+  const image = el("img", { alt: "" });
+  const button = el("button", { type: "button", tabindex: "-1" }, image, el("span", { class: "strip-number" }));
+  button.addEventListener("click", () => {
+    moveTo(Number(item.dataset.frame), false);
+    byId("stage").focus({ preventScroll: true });
+  });
+  const item = el("li", { "data-testid": "strip-item" }, button);
+  return item;
+}
+
+function moveTo(frame, extend) {
+  const total = frameTotal();
+  if (!total) return;
+  if (extend && studio.anchor === null) studio.anchor = studio.frame;
+  if (!extend) studio.anchor = null;
+  studio.frame = Math.min(Math.max(frame, 0), total - 1);
+  renderFrame();
+}
+
+const selectedFrames = () => (studio.anchor === null ? [studio.frame] : range(studio.anchor, studio.frame));
+
+/** The frames a label key labels: the selection, or with Shift those after the last labelled up to this one. */
+function framesToLabel(run) {
+  if (studio.anchor !== null || !run || studio.lastLabelled === null || studio.lastLabelled === studio.frame) {
+    return selectedFrames();
+  }
+  const step = studio.frame > studio.lastLabelled ? 1 : -1;
+  return range(studio.lastLabelled + step, studio.frame);
+}
+
+/** Labels (value 1, 0, -1) or unlabels (null) frames; a label moves on to the frame after them. */
+function labelKey(value, run) {
+  if (!studio.event) {
+    setStatus("save-state", "Type or pick the event to label first.", true);
+    byId("studio-event").focus();
+    return;
+  }
+  if (!frameTotal() || !studio.loaded) return;
+  const frames = framesToLabel(run);
+  for (const frame of frames) {
+    if (value === null) studio.labels.delete(frame);
+    else studio.labels.set(frame, value);
+  }
+  queueLabels(studio.dataset.name, studio.event, frames, value);
+  studio.anchor = null;
+  if (value === null) {
+    renderFrame();
+    return;
+  }
+  studio.lastLabelled = studio.frame;
+  moveTo(Math.max(...frames) + 1, false);
+}
+
+function onStudioKey(event) {
+  if (!studio.dataset || byId("studio").hidden || event.ctrlKey || event.metaKey || event.altKey) return;
+  const target = event.target;
+  if (!(target instanceof Element)) return;
+  // keys label only while the page or the studio has the focus, never while typing
+  if (target !== document.body && !target.closest("#studio")) return;
+  if (target.closest("input, select, textarea, [contenteditable]")) return;
+  const onButton = target.closest("button, a, summary");
+  const value = event.key in LABEL_BY_KEY ? LABEL_BY_KEY[event.key] : LABEL_BY_CODE[event.code];
+  if (value !== undefined) {
+    labelKey(value, event.shiftKey && !event.repeat); // a held key repeats: frame after frame
+  } else if (event.key === "ArrowRight" || event.key === "ArrowLeft") {
+    moveTo(studio.frame + (event.key === "ArrowRight" ? 1 : -1), event.shiftKey);
+  } else if (event.key === "Home" || event.key === "End") {
+    moveTo(event.key === "Home" ? 0 : frameTotal() - 1, event.shiftKey);
+  } else if (event.key === "Enter" && !onButton) {
+    closePolygon();
+  } else if (event.key === "Escape") {
+    cancelPolygon();
+    studio.anchor = null;
+    renderFrame();
+  } else {
+    return;
+  }
+  event.preventDefault();
+}
+
+function onLabelButton(event) {
+  const button = event.currentTarget;
+  if (button.dataset.move) {
+    moveTo(studio.frame + Number(button.dataset.move), false);
+  } else {
+    labelKey(button.dataset.label === "" ? null : Number(button.dataset.label), false);
+  }
+  byId("stage").focus({ preventScroll: true });
+}
+
+// ------------------------------------------------------------------------------------- saving the labels
+
+const outbox = {
+  batches: [], // [{dataset, event, labels: Map(frame -> value), sending}], oldest first: sent in this order
+  timer: null,
+  firstQueued: 0, // when the oldest unsent label was queued
+  failures: 0, // failed PUTs in a row
+  error: "", // why the first batch failed (it is retried)
+  refused: "", // why the server refused a batch for good (shown until the next one is stored)
+  waiters: [], // {resolve, reject} of promises waiting for the outbox to empty
+};
+
+// Refusals no retry can change (a frame outside the dataset, an event name the server refuses, a deleted dataset):
+// the batch is dropped, the refusal shown, and the event's labels read again so the page shows what is stored.
+// Every other failure (no network, a token, a busy database) is retried until the batch is stored.
+const REFUSED_FOR_GOOD = new Set([400, 404, 413, 422]);
+
+function queueLabels(dataset, event, frames, value) {
+  let batch = outbox.batches.at(-1);
+  const fits = batch && !batch.sending && batch.dataset === dataset && batch.event === event;
+  if (!fits || batch.labels.size >= LABEL_BATCH_MAX) {
+    batch = { dataset, event, labels: new Map(), sending: false };
+    outbox.batches.push(batch);
+  }
+  for (const frame of frames) {
+    batch.labels.delete(frame); // the newest value, in the order given
+    batch.labels.set(frame, value);
+  }
+  if (!outbox.firstQueued) outbox.firstQueued = Date.now();
+  if (!outbox.error) {
+    const wait = Math.min(LABEL_DEBOUNCE_MS, Math.max(0, outbox.firstQueued + LABEL_MAX_WAIT_MS - Date.now()));
+    scheduleFlush(wait);
+  }
+  renderSaveState();
+}
+
+function scheduleFlush(ms) {
+  clearTimeout(outbox.timer);
+  outbox.timer = setTimeout(flushLabels, ms);
+}
+
+/** Sends the oldest batch; on success the next one follows at once, on failure it is retried after a wait. */
+async function flushLabels() {
+  outbox.timer = null;
+  const batch = outbox.batches[0];
+  if (!batch || batch.sending) return;
+  batch.sending = true;
+  outbox.firstQueued = 0;
+  const labels = [...batch.labels].map(([frame, value]) => ({ frame, value }));
+  try {
+    const dataset = await api(datasetPath(batch.dataset, "/labels"), {
+      method: "PUT",
+      json: { event: batch.event, labels },
+    });
+    outbox.batches.shift();
+    outbox.failures = 0;
+    outbox.error = "";
+    outbox.refused = "";
+    datasetAnswered(dataset);
+  } catch (err) {
+    batch.sending = false;
+    if (REFUSED_FOR_GOOD.has(err.status)) {
+      labelsRefused(batch, err.message);
+    } else {
+      outbox.failures += 1;
+      outbox.error = err.message;
+      for (const waiter of outbox.waiters.splice(0)) waiter.reject(new Error(`labels not saved yet: ${err.message}`));
+    }
+  }
+  if (outbox.batches.length) {
+    const retry = RETRY_MS[Math.min(outbox.failures, RETRY_MS.length) - 1];
+    scheduleFlush(outbox.error ? retry : 0);
+  } else {
+    for (const waiter of outbox.waiters.splice(0)) waiter.resolve();
+  }
+  renderSaveState();
+  if (studio.dataset) renderStrip();
+}
+
+function labelsRefused(batch, detail) {
+  outbox.batches.shift();
+  outbox.failures = 0;
+  outbox.error = "";
+  outbox.refused = `${plural(batch.labels.size, "label")} of "${batch.event}" refused by the server: ${detail}`;
+  if (studio.dataset && studio.dataset.name === batch.dataset && studio.event === batch.event) {
+    loadLabels(studio.generation);
+  }
+}
+
+/** The dataset as a PUT answered it: its counts are the live ones. */
+function datasetAnswered(dataset) {
+  if (!dataset || !dataset.name) return;
+  datasetList.byName.set(dataset.name, dataset);
+  datasetList.stale = true; // the table shows the new counts at the next poll
+  if (studio.dataset && studio.dataset.name === dataset.name) {
+    studio.dataset = dataset;
+    fillEventChoices();
+    renderCounts();
+  }
+}
+
+/** The open event's labels not stored yet, oldest change first: frame -> value (null: removed). */
+function unsavedLabels() {
+  const unsaved = new Map();
+  if (!studio.dataset) return unsaved;
+  for (const batch of outbox.batches) {
+    if (batch.dataset !== studio.dataset.name || batch.event !== studio.event) continue;
+    for (const [frame, value] of batch.labels) unsaved.set(frame, value);
+  }
+  return unsaved;
+}
+
+const unsavedCount = () => outbox.batches.reduce((sum, batch) => sum + batch.labels.size, 0);
+
+/** Resolves once every label is stored; sends what waits now. Rejects when a PUT is failing. */
+function labelsSaved() {
+  if (!outbox.batches.length) return Promise.resolve();
+  if (outbox.error) return Promise.reject(new Error(`${plural(unsavedCount(), "label")} not saved yet: ${outbox.error}`));
+  if (outbox.timer) scheduleFlush(0);
+  return new Promise((resolve, reject) => outbox.waiters.push({ resolve, reject }));
+}
+
+function renderSaveState() {
+  const count = unsavedCount();
+  const node = byId("save-state");
+  node.dataset.unsaved = String(count);
+  if (outbox.error) {
+    const wait = RETRY_MS[Math.min(outbox.failures, RETRY_MS.length) - 1] / 1000;
+    const text = `${plural(count, "label")} not saved yet: ${outbox.error} (retrying every ${wait} s)`;
+    setStatus("save-state", text, true);
+    node.append(" ", retryButton());
+  } else if (count) {
+    setStatus("save-state", `Saving ${plural(count, "label")}…`);
+  } else if (outbox.refused) {
+    setStatus("save-state", outbox.refused, true);
+  } else if (studio.event) {
+    setStatus("save-state", "All labels saved.");
+  }
+}
+
+function retryButton() {
+  const button = el("button", { type: "button", class: "secondary small", "data-testid": "save-retry" }, "Retry now");
+  button.addEventListener("click", () => scheduleFlush(0));
+  return button;
+}
+
+// ------------------------------------------------------------------------------------------ event regions
+
+/** Clicks on the frame add points, normalised to 0..1 from the image's displayed size. */
+function addRegionPoint(click) {
+  if (!studio.event) {
+    setMessage("region-message", "Pick the event first: a region belongs to one event.", true);
+    return;
+  }
+  const box = byId("frame-image").getBoundingClientRect();
+  if (!box.width || !box.height) return;
+  const norm = (value) => Math.round(Math.min(Math.max(value, 0), 1) * 10000) / 10000;
+  studio.draft.push([norm((click.clientX - box.left) / box.width), norm((click.clientY - box.top) / box.height)]);
+  setMessage("region-message", `${studio.draft.length} points: Enter or "Close polygon" saves, Esc cancels.`);
+  renderRegion();
+  byId("stage").focus({ preventScroll: true });
+}
+
+async function closePolygon() {
+  if (!studio.dataset || !studio.event || !studio.draft.length) return;
+  const points = studio.draft.slice();
+  await saveRegion(points, `Region saved (${points.length} points): only what happens inside it counts.`);
+}
+
+function cancelPolygon() {
+  if (!studio.draft.length) return;
+  studio.draft = [];
+  setMessage("region-message", "");
+  renderRegion();
+}
+
+async function clearRegion() {
+  if (!studio.dataset || !studio.event) return;
+  studio.draft = [];
+  await saveRegion(null, "Region cleared: the whole frame counts.");
+}
+
+async function saveRegion(polygon, done) {
+  const generation = studio.generation;
+  const path = datasetPath(studio.dataset.name, `/regions/${encodeURIComponent(studio.event)}`);
+  try {
+    const dataset = await api(path, { method: "PUT", json: { polygon } });
+    if (generation !== studio.generation) return;
+    studio.draft = [];
+    datasetAnswered(dataset);
+    setMessage("region-message", done);
+  } catch (err) {
+    if (generation === studio.generation) setMessage("region-message", `Region not saved: ${err.message}`, true);
+  }
+  renderRegion();
+}
+
+function renderRegion() {
+  const points = (list) => list.map(([x, y]) => `${x},${y}`).join(" ");
+  const regions = (studio.dataset && studio.dataset.regions) || {};
+  const saved = (studio.event && regions[studio.event]) || [];
+  byId("region-saved").setAttribute("points", points(saved));
+  byId("region-draft").setAttribute("points", points(studio.draft));
+  // zero-length strokes with round caps: round dots whatever the image's aspect ratio
+  byId("region-points").setAttribute("d", studio.draft.map(([x, y]) => `M${x} ${y}h0`).join(""));
+  byId("region-clear").disabled = !saved.length;
+  byId("region-close").disabled = !studio.draft.length;
+  byId("region-cancel").disabled = !studio.draft.length;
+}
+
+// ------------------------------------------------------------------------------------------------ export
+
+/** labels.csv needs the token: fetched, then saved through a blob URL. */
+async function downloadLabels() {
+  if (!studio.dataset) return;
+  const name = studio.dataset.name;
+  setMessage("export-message", "Saving the last labels, then downloading…");
+  try {
+    await labelsSaved();
+    const blob = await api(datasetPath(name, "/labels.csv"), { as: "blob" });
+    const url = URL.createObjectURL(blob);
+    const link = el("a", { href: url, download: `${name}-labels.csv`, hidden: "" });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+    setMessage("export-message", `Downloaded ${name}-labels.csv.`);
+  } catch (err) {
+    setMessage("export-message", `No download: ${err.message}`, true);
+  }
+}
+
+// -------------------------------------------------------------------------------- training and deployment
+
+const training = {
+  job: null, // the TrainingJobOut shown
+  timer: null,
+};
+
+async function trainFilter(event) {
+  event.preventDefault();
+  if (!studio.dataset || !studio.event) {
+    setMessage("train-message", "Open a dataset and an event first.", true);
+    return;
+  }
+  const form = event.currentTarget;
+  const body = {
+    dataset: studio.dataset.name,
+    event: studio.event,
+    filter: form.elements.filter.value.trim(),
+    options: trainingOptions(form),
+  };
+  const generation = studio.generation;
+  await submitting(form, "train-message", "Saving the last labels, then queueing the job…", async () => {
+    await labelsSaved();
+    const job = await api("/api/training-jobs", { method: "POST", json: body });
+    if (generation === studio.generation) showTrainingJob(job);
+    return `Queued job ${job.id}: a trainer takes it next.`;
+  });
+}
+
+/** TrainingOptions from the form: only what was set (the rest: the trainer's defaults). */
+function trainingOptions(form) {
+  const options = {};
+  if (form.elements.arch.value) options.arch = form.elements.arch.value;
+  if (form.elements.steps.value.trim()) options.steps = Number(form.elements.steps.value);
+  return options;
+}
+
+/** The MC kinds the cloud accepts, as the filter form has them (read from the API schema by app.js). */
+function fillTrainingKinds() {
+  const select = byId("train-arch");
+  if (select.options.length > 1) return;
+  const kinds = [...byId("f-architecture").options].map((option) => option.value);
+  select.append(...kinds.map((kind) => el("option", { value: kind }, kind)));
+}
+
+/** The newest job of the open dataset and event, if any (nothing when the cloud has no training service). */
+async function showLatestTrainingJob(generation) {
+  let jobs;
+  try {
+    jobs = await api(`/api/training-jobs?dataset=${encodeURIComponent(studio.dataset.name)}`);
+  } catch {
+    return;
+  }
+  if (generation !== studio.generation || !Array.isArray(jobs)) return;
+  const mine = jobs.filter((job) => job.dataset === studio.dataset.name && job.event === studio.event);
+  if (!mine.length) return;
+  showTrainingJob(mine.reduce((newest, job) => (job.id > newest.id ? job : newest)));
+}
+
+function showTrainingJob(job) {
+  training.job = job;
+  byId("training").replaceChildren(...trainingView(job));
+  stopTrainingPoll();
+  if (job.status === "queued" || job.status === "running") {
+    training.timer = setTimeout(pollTrainingJob, TRAINING_POLL_MS);
+  }
+}
+
+function stopTrainingPoll() {
+  clearTimeout(training.timer);
+  training.timer = null;
+}
+
+async function pollTrainingJob() {
+  const shown = training.job;
+  const generation = studio.generation;
+  try {
+    const job = await api(`/api/training-jobs/${shown.id}`);
+    if (generation !== studio.generation || training.job !== shown) return;
+    showTrainingJob(job);
+  } catch (err) {
+    if (generation !== studio.generation || training.job !== shown) return;
+    setMessage("train-message", `Could not read job ${shown.id}: ${err.message}`, true);
+    training.timer = setTimeout(pollTrainingJob, TRAINING_POLL_MS * 2);
+  }
+}
+
+function trainingView(job) {
+  const progress = job.progress || {};
+  const fraction = job.status === "done" ? 1 : Number(progress.fraction) || 0;
+  const stage = job.status === "queued" && !progress.stage ? "waiting for a trainer" : progress.stage || job.status;
+  const parts = [
+    el(
+      "h3",
+      {},
+      `Job ${job.id}: ${job.filter || "?"} `,
+      el("span", { class: `badge job-${job.status}`, "data-testid": "job-status" }, job.status),
+    ),
+    el(
+      "div",
+      { class: "job-progress" },
+      el("progress", { max: "1", value: String(fraction), "data-testid": "job-progress" }),
+      el("span", { "data-testid": "job-stage" }, `${stage} ${Math.round(fraction * 100)}%`),
+    ),
+  ];
+  if (progress.message) parts.push(el("p", { class: "muted" }, progress.message));
+  if (job.status === "failed") {
+    parts.push(el("p", { class: "message error", "data-testid": "job-error" }, job.error || "failed"));
+  }
+  if (job.status === "done") parts.push(...resultView(job));
+  return parts;
+}
+
+/** The trainer's report: the estimate with its spread, the warnings, the example frames, and Deploy. */
+function resultView(job) {
+  const report = job.result || {};
+  const validation = report.validation || (job.spec && job.spec.validation) || null;
+  const f1 = (value) => (typeof value === "number" ? value.toFixed(2) : "–");
+  const estimate = validation
+    ? `Expected event F1 on new footage: ${f1(validation.event_f1)} ` +
+      `(${f1(validation.f1_min)}–${f1(validation.f1_max)} over ${validation.folds} folds), ` +
+      `precision ${f1(validation.precision)}, recall ${f1(validation.event_recall)}`
+    : "No estimate: too few occurrences to hold any out. Label more of the event.";
+  const details = [
+    report.architecture && `${report.architecture} on ${report.tap}`,
+    Array.isArray(report.input_size) && `${report.input_size[0]}×${report.input_size[1]}`,
+    typeof report.positives === "number" && `${report.positives} event / ${report.negatives} not frames`,
+    typeof report.training_f1 === "number" && `F1 on its own training frames ${f1(report.training_f1)}`,
+  ].filter(Boolean);
+  const warnings = [...new Set([...(report.warnings || []), ...((validation && validation.warnings) || [])])];
+  return [
+    el("p", { class: "estimate", "data-testid": "job-estimate" }, estimate),
+    details.length ? el("p", { class: "muted" }, details.join(" · ")) : null,
+    warnings.length
+      ? el("ul", { class: "warnings", "data-testid": "job-warnings" }, ...warnings.map((w) => el("li", {}, `⚠ ${w}`)))
+      : null,
+    ...examplesView(report.examples),
+    deployView(job),
+  ].filter(Boolean);
+}
+
+const EXAMPLE_KINDS = [
+  ["hits", "Hits", "fired on the event"],
+  ["false_alarms", "False alarms", "fired without the event"],
+  ["misses", "Misses", "missed the event"],
+];
+
+function examplesView(examples) {
+  if (!examples) return [];
+  const counts = examples.counts || {};
+  const note =
+    examples.source === "training frames"
+      ? "scored by the filter on its own training frames (optimistic)"
+      : "scored by models trained without them";
+  const groups = EXAMPLE_KINDS.map(([key, title, what]) => {
+    const frames = (examples[key] || []).slice(0, EXAMPLES_SHOWN);
+    const total = typeof counts[key] === "number" ? counts[key] : frames.length;
+    return el(
+      "div",
+      { class: "examples", "data-testid": `examples-${key}` },
+      el("h4", { title: what }, `${title} (${fmt.count(total)})`),
+      el(
+        "div",
+        { class: "example-row" },
+        ...(frames.length ? frames.map(exampleThumb) : [el("span", { class: "muted" }, "none")]),
+      ),
+    );
+  });
+  return [el("p", { class: "muted" }, `Example frames, ${note}; click one to label it.`), ...groups];
+}
+
+function exampleThumb(example) {
+  const img = el("img", { alt: `frame ${example.frame}` });
+  const score = typeof example.score === "number" ? ` · ${example.score.toFixed(2)}` : "";
+  const button = el(
+    "button",
+    { type: "button", class: "example", "data-frame": example.frame, title: `frame ${example.frame}${score}` },
+    img,
+    el("span", {}, `${example.frame}${score}`),
+  );
+  button.addEventListener("click", () => {
+    moveTo(example.frame, false);
+    byId("stage").focus({ preventScroll: false });
+  });
+  if (studio.dataset && example.frame < frameTotal()) showImage(img, example.frame);
+  return button;
+}
+
+function deployView(job) {
+  const label = job.deployed ? "Deploy again" : "Deploy";
+  const button = el("button", { type: "button", "data-testid": "job-deploy" }, label);
+  const message = el("p", { class: "message", role: "status", "data-testid": "deploy-message" });
+  if (job.deployed) message.textContent = `Deployed as filter ${job.filter}: see Filters above.`;
+  button.addEventListener("click", () => deployJob(job, button, message));
+  return el("div", { class: "form-actions" }, button, message);
+}
+
+async function deployJob(job, button, message) {
+  button.disabled = true;
+  message.className = "message";
+  message.textContent = "Deploying…";
+  try {
+    const answer = await api(`/api/training-jobs/${job.id}/deploy`, { method: "POST" });
+    const revision = answer && typeof answer.revision === "number" ? ` (revision ${answer.revision})` : "";
+    message.className = "message ok";
+    message.textContent = `Deployed as filter ${job.filter}${revision}: the edges take it within seconds.`;
+    filtersSignature = "";
+    await refreshFilters();
+  } catch (err) {
+    message.className = "message error";
+    message.textContent = `Not deployed: ${err.message}`;
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------ wiring
+
+SECTIONS.push(["datasets-status", refreshDatasets]); // polled with the rest of the page (app.js)
+
+function initStudio() {
+  byId("footage-details").addEventListener("toggle", (event) => {
+    if (event.currentTarget.open) loadFootageChoices();
+  });
+  byId("fo-edge").addEventListener("change", fillFootageCameras);
+  byId("footage-form").addEventListener("submit", requestFootage);
+  byId("upload-form").addEventListener("submit", uploadClip);
+  byId("studio-event-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const input = byId("studio-event");
+    if (!input.reportValidity()) return;
+    chooseEvent(input.value.trim()).then(() => byId("stage").focus({ preventScroll: true }));
+  });
+  byId("studio-close").addEventListener("click", closeStudio);
+  byId("stage").addEventListener("click", addRegionPoint);
+  for (const button of document.querySelectorAll(".studio-side [data-label], .studio-side [data-move]")) {
+    button.addEventListener("click", onLabelButton);
+  }
+  byId("region-close").addEventListener("click", closePolygon);
+  byId("region-cancel").addEventListener("click", cancelPolygon);
+  byId("region-clear").addEventListener("click", clearRegion);
+  byId("labels-csv").addEventListener("click", downloadLabels);
+  byId("train-form").addEventListener("submit", trainFilter);
+  document.addEventListener("keydown", onStudioKey);
+  window.addEventListener("beforeunload", (event) => {
+    if (!outbox.batches.length) return;
+    flushLabels();
+    event.preventDefault(); // the browser asks before leaving with labels not saved yet
+  });
+}
+
+document.addEventListener("DOMContentLoaded", initStudio);

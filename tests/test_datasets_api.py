@@ -1,0 +1,149 @@
+"""Datasets over REST (docs/studio.md), against a real `filterforward cloud serve` process (SQLite and PostgreSQL):
+an uploaded clip becomes a labelled dataset folder the CLI's reader opens, labels and regions round-trip, and bad
+input is refused with one line, leaving the dataset as it was."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from cloud_server import READ_ONLY, CloudServer, run_cloud_on
+
+from models.datasets import open_dataset, write_synthetic
+
+FRAMES = 30
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def cloud(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudServer]:
+    with run_cloud_on(request.param, tmp_path_factory.mktemp(f"datasets-{request.param}")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("clip")
+    write_synthetic(folder, n_frames=FRAMES, size=(160, 96), fps=10.0)
+    return folder / "video.mp4"
+
+
+def upload(cloud: CloudServer, clip: Path, name: str, every: float = 0.0) -> dict:
+    with cloud.client() as client, clip.open("rb") as video:
+        answer = client.post(
+            "/api/datasets/upload", data={"name": name, "every": str(every)}, files={"video": ("clip.mp4", video)}
+        )
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def test_uploaded_clip_is_a_dataset_the_cli_reads(cloud: CloudServer, clip: Path) -> None:
+    dataset = upload(cloud, clip, "walkway")
+    assert (dataset["status"], dataset["frames"], dataset["width"], dataset["height"]) == ("complete", FRAMES, 160, 96)
+    assert dataset["fps"] == pytest.approx(10.0)
+    half = upload(cloud, clip, "walkway-half", every=0.2)  # one frame in two
+    assert half["frames"] == FRAMES // 2 and half["fps"] == pytest.approx(5.0)
+
+    labels = [{"frame": i, "value": 1 if 5 <= i < 10 or 20 <= i < 24 else 0} for i in range(FRAMES)]
+    labels[12]["value"] = -1
+    polygon = [[0.0, 0.5], [1.0, 0.5], [1.0, 1.0], [0.0, 1.0]]
+    with cloud.client() as client:
+        answer = client.put("/api/datasets/walkway/labels", json={"event": "person_near", "labels": labels})
+        assert answer.status_code == 200, answer.text
+        counts = answer.json()["events"]["person_near"]
+        assert counts == {"labelled": 30, "positive": 9, "negative": 20, "uncertain": 1, "occurrences": 2}
+        answer = client.put("/api/datasets/walkway/regions/person_near", json={"polygon": polygon})
+        assert answer.status_code == 200, answer.text
+        removed = client.put("/api/datasets/walkway/labels", json={"event": "person_near", "labels": [
+            {"frame": 29, "value": None}]})  # fmt: skip
+        assert removed.json()["events"]["person_near"]["labelled"] == 29
+        frame = client.get("/api/datasets/walkway/frames/7.jpg")
+        assert frame.status_code == 200 and frame.headers["content-type"] == "image/jpeg"
+        assert cv2.imdecode(np.frombuffer(frame.content, np.uint8), 1).shape == (96, 160, 3)
+        csv = client.get("/api/datasets/walkway/labels.csv")
+        archive = client.get("/api/datasets/walkway/archive.tar")
+        assert (
+            client.get("/api/datasets/walkway/labels", params={"event": "person_near"}).json()["person_near"]["5"] == 1
+        )
+
+    assert csv.status_code == 200 and csv.text.splitlines()[0] == "frame_index,person_near,camera_frame"
+    folder = cloud.config.data_dir / "datasets" / "walkway"
+    read = open_dataset(folder)  # the CLI's reader, on the folder as the cloud keeps it
+    assert read.n_frames == FRAMES and read.fps == pytest.approx(10.0)
+    expected = np.array([lab["value"] for lab in labels], np.int8)
+    expected[29] = -1  # removed: uncertain again
+    np.testing.assert_array_equal(read.labels["person_near"], expected)
+    assert read.roi("person_near").polygon == tuple(tuple(p) for p in polygon)
+
+    with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+        names = tar.getnames()
+        unpacked = Path(cloud.config.data_dir).parent / "unpacked"
+        tar.extractall(unpacked, filter="data")
+    assert {"labels.csv", "dataset.yaml", "images/000000.jpg", f"images/{FRAMES - 1:06d}.jpg"} <= set(names)
+    np.testing.assert_array_equal(open_dataset(unpacked).labels["person_near"], expected)
+
+
+def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path) -> None:
+    upload(cloud, clip, "refusals")
+    good = [{"frame": 3, "value": 1}]
+    with cloud.client() as client:
+        assert client.put("/api/datasets/refusals/labels", json={"event": "car", "labels": good}).status_code == 200
+        before = client.get("/api/datasets/refusals").json()
+        refusals = {
+            "frame outside": (
+                client.put,
+                "/api/datasets/refusals/labels",
+                {"event": "car", "labels": [{"frame": 2, "value": 0}, {"frame": FRAMES, "value": 1}]},
+                404,
+            ),
+            "bad value": (
+                client.put,
+                "/api/datasets/refusals/labels",
+                {"event": "car", "labels": [{"frame": 2, "value": 2}]},
+                422,
+            ),
+            "reserved event": (
+                client.put,
+                "/api/datasets/refusals/labels",
+                {"event": "camera_frame", "labels": good},
+                422,
+            ),
+            "polygon outside": (
+                client.put,
+                "/api/datasets/refusals/regions/car",
+                {"polygon": [[0, 0], [1.5, 0], [1, 1]]},
+                422,
+            ),
+            "two points": (client.put, "/api/datasets/refusals/regions/car", {"polygon": [[0, 0], [1, 1]]}, 422),
+            "unknown dataset": (client.put, "/api/datasets/nothing/labels", {"event": "car", "labels": good}, 404),
+            "unknown edge": (
+                client.post,
+                "/api/datasets/footage",
+                {"name": "f", "edge": "nowhere", "camera": "c"},
+                404,
+            ),
+        }
+        for what, (method, path, body, code) in refusals.items():
+            answer = method(path, json=body)
+            assert answer.status_code == code, (what, answer.text)
+            detail = answer.json()["detail"]
+            assert isinstance(detail, str) and "\n" not in detail, (what, detail)
+        taken = client.post("/api/datasets/upload", data={"name": "refusals"}, files={"video": ("c.mp4", b"x")})
+        assert taken.status_code == 409 and "exists" in taken.json()["detail"]
+        garbage = client.post("/api/datasets/upload", data={"name": "garbage"}, files={"video": ("c.mp4", b"x" * 99)})
+        assert garbage.status_code == 422 and "video" in garbage.json()["detail"]
+        assert client.get("/api/datasets/garbage").status_code == 404
+        assert client.get("/api/datasets/refusals").json() == before
+        assert client.get("/api/datasets/refusals/frames/999.jpg").status_code == 404
+    with cloud.client(READ_ONLY) as viewer:
+        assert viewer.put("/api/datasets/refusals/labels", json={"event": "car", "labels": good}).status_code == 403
+        assert viewer.delete("/api/datasets/refusals").status_code == 403
+        assert viewer.get("/api/datasets/refusals/archive.tar").status_code == 200
+    with cloud.client() as client:
+        assert client.delete("/api/datasets/refusals").status_code == 204
+        assert client.get("/api/datasets/refusals").status_code == 404
+    assert not (cloud.config.data_dir / "datasets" / "refusals").exists()

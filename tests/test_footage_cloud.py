@@ -1,0 +1,90 @@
+"""Footage from an edge camera into a cloud dataset, end to end with real processes on loopback (`filterforward cloud
+serve`, `filterforward edge run` replaying a synthetic clip in real time, CURVE keys): the REST request reaches the
+edge over its link, the frames come back over the uplink exactly once, and the dataset folder is one the CLI reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from edge_site import CAMERA, EDGE, Site, finish, make_site
+from support import wait_until
+
+from models.datasets import open_dataset, write_synthetic
+
+FPS = 10.0
+SIZE = (192, 128)
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("clip")
+    write_synthetic(folder, n_frames=200, size=SIZE, fps=FPS)  # 20 s in real time: room for two requests
+    return folder / "video.mp4"
+
+
+@pytest.fixture
+def site(tmp_path: Path, clip: Path) -> Iterator[Site]:
+    site = make_site(tmp_path, clip, "realtime")
+    site.cloud.start()
+    try:
+        yield site
+    finally:
+        if site.cloud.process and site.cloud.process.poll() is None:
+            site.cloud.stop()
+
+
+def dataset(site: Site, name: str) -> dict:
+    with site.cloud.client() as client:
+        return client.get(f"/api/datasets/{name}").json()
+
+
+def request(site: Site, name: str, **settings: object) -> dict:
+    body = {"name": name, "edge": EDGE, "camera": CAMERA, **settings}
+    with site.cloud.client() as client:
+        answer = client.post("/api/datasets/footage", json=body)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def test_footage_request_becomes_a_dataset(site: Site, clip: Path) -> None:
+    edge = site.start_edge()
+    try:
+        with site.cloud.client() as client:
+            wait_until(lambda: any(e["id"] == EDGE and CAMERA in e["cameras"] for e in client.get("/api/edges").json()))
+            unknown = client.post("/api/datasets/footage", json={"name": "x", "edge": EDGE, "camera": "door"})
+        assert unknown.status_code == 404 and "has no camera 'door'" in unknown.json()["detail"]
+
+        assert request(site, "gate-sample", every=0.5, duration=4.0, max_frames=100)["status"] == "requested"
+        wait_until(lambda: dataset(site, "gate-sample")["status"] == "complete", timeout=60)
+        # Deleted and asked again under its name: a new request for the edge, recorded afresh (max_frames bounds it).
+        with site.cloud.client() as client:
+            assert client.delete("/api/datasets/gate-sample").status_code == 204
+        request(site, "gate-sample", every=0.0, duration=10.0, max_frames=6)
+        wait_until(lambda: dataset(site, "gate-sample")["status"] == "complete", timeout=60)
+    finally:
+        finish(site, edge)
+
+    again = dataset(site, "gate-sample")
+    assert (again["frames"], again["expected"], again["width"], again["height"]) == (6, 6, *SIZE)
+    assert again["fps"] == pytest.approx(FPS, rel=0.01)  # every frame: the camera's rate, from the timestamps
+    folder = site.cloud.config.data_dir / "datasets" / "gate-sample"
+    with site.cloud.client() as client:
+        labels = [{"frame": n, "value": int(n >= 3)} for n in range(6)]
+        assert (
+            client.put("/api/datasets/gate-sample/labels", json={"event": "car", "labels": labels}).status_code == 200
+        )
+        frames = [client.get(f"/api/datasets/gate-sample/frames/{n}.jpg").content for n in range(6)]
+    read = open_dataset(folder)
+    assert read.n_frames == 6 and read.fps == pytest.approx(FPS, rel=0.01)
+    np.testing.assert_array_equal(read.labels["car"], [0, 0, 0, 1, 1, 1])
+    camera_frames = np.loadtxt(folder / "labels.csv", delimiter=",", skiprows=1, dtype=int)[:, -1]
+    assert np.all(np.diff(camera_frames) == 1), camera_frames  # every frame: consecutive camera frames
+    for data, (_, image) in zip(frames, read.frames(0, 6), strict=True):
+        decoded = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+        assert decoded.shape == (SIZE[1], SIZE[0], 3)
+        assert np.abs(decoded.astype(int) - image.astype(int)).mean() < 1  # the same JPEG the folder holds
+    assert "Traceback" not in site.cloud.log_text() and "Traceback" not in site.edge_log()

@@ -1,0 +1,291 @@
+"""Training jobs over REST (docs/studio.md), against a real `filterforward cloud serve` process and real
+`filterforward trainer serve --once` processes: a job is queued on an uploaded, labelled synthetic clip, claimed and
+trained by a trainer, reported with its estimate and example frames, and deployed through the filter registry; a
+trainer that dies loses its job to the next one, a stale trainer is refused, and bad input is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cloud_server import READ_ONLY, READ_WRITE, REPO, CloudServer, run_cloud_on
+from support import wait_until
+
+from models.datasets import LabelledDataset, write_synthetic
+
+TRAINER_TOKEN = "api-test-trainer-token-345678"
+DATASET = "synthetic"
+EVENT = "any_object"  # seed 0, 120 frames: positive in 45, two occurrences, so cross-validation runs
+LEASE = 4.0  # seconds: short, so a dead trainer's job is taken again within the test
+OPTIONS = {"steps": 30}  # the default kind choice (auto) at the clip's size, quickly
+TRAINER_TIMEOUT = 600  # seconds; only keeps a broken trainer from hanging the test
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory: pytest.TempPathFactory) -> LabelledDataset:
+    return write_synthetic(tmp_path_factory.mktemp("clip"), n_frames=120, size=(160, 96), seed=0)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def cloud(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, clip: LabelledDataset
+) -> Iterator[CloudServer]:
+    """A cloud with a trainer token (train scope only), a short lease and the clip uploaded and labelled."""
+    tokens = [
+        {"name": "operator", "token": READ_WRITE, "scopes": ["read", "write"]},
+        {"name": "viewer", "token": READ_ONLY, "scopes": ["read"]},
+        {"name": "trainer", "token": TRAINER_TOKEN, "scopes": ["train"]},
+    ]
+    settings = {"tokens": tokens, "training": {"lease": LEASE}, "max_upload_bytes": 2**20}  # an ensemble: ~150 kB
+    with run_cloud_on(request.param, tmp_path_factory.mktemp(f"cloud-{request.param}"), **settings) as server:
+        upload_and_label(server, clip)
+        yield server
+
+
+def upload_and_label(server: CloudServer, clip: LabelledDataset) -> None:
+    """The clip through POST /api/datasets/upload, its event's labels and an event labelled positive only."""
+    with server.client() as client, (clip.root / "video.mp4").open("rb") as video:
+        answer = client.post("/api/datasets/upload", data={"name": DATASET}, files={"video": ("clip.mp4", video)})
+        assert answer.status_code == 201, answer.text
+        assert answer.json()["frames"] == clip.n_frames
+        labels = [{"frame": i, "value": int(v)} for i, v in enumerate(clip.labels[EVENT])]
+        answer = client.put(f"/api/datasets/{DATASET}/labels", json={"event": EVENT, "labels": labels})
+        assert answer.status_code == 200, answer.text
+        only_positive = [{"frame": i, "value": 1} for i in range(10)]
+        answer = client.put(f"/api/datasets/{DATASET}/labels", json={"event": "always", "labels": only_positive})
+        assert answer.status_code == 200, answer.text
+
+
+def queue_job(cloud: CloudServer, filter_name: str, **fields: Any) -> dict[str, Any]:
+    body = {"dataset": DATASET, "event": EVENT, "filter": filter_name, "options": OPTIONS, **fields}
+    with cloud.client() as client:
+        answer = client.post("/api/training-jobs", json=body)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def get_job(cloud: CloudServer, job_id: int) -> dict[str, Any]:
+    with cloud.client(READ_ONLY) as client:
+        answer = client.get(f"/api/training-jobs/{job_id}")
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def trainer(cloud: CloudServer, base_model: Path, work: Path, name: str) -> subprocess.Popen:
+    """`filterforward trainer serve --once` as its own process, its log in work/<name>.log."""
+    work.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "filterforward", "trainer", "serve", "--cloud", cloud.url, "--once"]
+    command += ["--name", name, "--work", str(work), "--base-model", str(base_model), "--poll", "0.5"]
+    env = {**os.environ, "FF_TRAINER_TOKEN": TRAINER_TOKEN}
+    with (work / f"{name}.log").open("w") as log:
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish(process: subprocess.Popen, work: Path, name: str) -> None:
+    """Wait for a trainer; it must exit 0 (its job done)."""
+    try:
+        returncode = process.wait(timeout=TRAINER_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    assert returncode == 0, (work / f"{name}.log").read_text()
+
+
+def claim(cloud: CloudServer, name: str) -> httpx.Response:
+    with cloud.client(TRAINER_TOKEN) as client:
+        return client.post("/api/training-jobs/claim", json={"trainer": name})
+
+
+def test_a_trainer_trains_a_queued_job_and_its_bundle_is_deployed(
+    cloud: CloudServer, clip: LabelledDataset, base_model: Path, tmp_path: Path
+) -> None:
+    job = queue_job(cloud, "anything-here")
+    assert (job["status"], job["attempts"], job["progress"], job["result"]) == ("queued", 0, None, None)
+    assert job["options"]["steps"] == 30 and job["options"]["arch"] is None
+
+    process = trainer(cloud, base_model, tmp_path, "trainer-a")
+    stages = set()
+    while process.poll() is None:  # what the page would show while it trains
+        progress = get_job(cloud, job["id"])["progress"]
+        stages.add(progress and progress["stage"])
+        time.sleep(0.05)
+    finish(process, tmp_path, "trainer-a")
+    assert stages & {"download", "features", "training", "exporting"}
+
+    done = get_job(cloud, job["id"])
+    assert (done["status"], done["attempts"], done["trainer"], done["error"]) == ("done", 1, "trainer-a", "")
+    assert done["progress"]["fraction"] == 1.0 and done["model_bytes"] > 0
+    spec, report = done["spec"], done["result"]
+    assert (spec["name"], spec["event"], spec["input_size"]) == ("anything-here", EVENT, [160, 96])
+    assert report["frames"] == labelled_span(clip)  # every labelled frame, not the first half
+    assert report["positives"] + report["negatives"] == sum(value != -1 for value in clip.labels[EVENT])
+    assert report["validation"] == spec["validation"] and report["validation"] is not None
+    estimate = report["validation"]
+    assert estimate["f1_min"] <= estimate["event_f1"] <= estimate["f1_max"]
+    assert {(c["architecture"], c["tap"]) for c in report["candidates"]} == {
+        ("full_frame", "mid"),
+        ("full_frame", "late"),
+    }
+    assert report["warnings"] == list(estimate["warnings"])
+    examples = report["examples"]
+    assert examples["source"] == "cross-validation"
+    assert examples["counts"]["hits"] + examples["counts"]["misses"] > 0
+    labels = clip.labels[EVENT]
+    assert all(labels[e["frame"]] == 1 for e in examples["hits"] + examples["misses"])
+    assert all(labels[e["frame"]] == 0 for e in examples["false_alarms"])
+
+    with cloud.client() as client:
+        deployed = client.post(f"/api/training-jobs/{job['id']}/deploy")
+        assert deployed.status_code == 200, deployed.text
+        listed = {f["name"]: f for f in client.get("/api/filters").json()}
+        assert listed["anything-here"]["spec"] == {**spec, "version": 1}
+        assert client.get("/api/filters/anything-here/model").content == trained_model(cloud, job["id"])
+        narrowed = json.dumps({**spec, "cameras": ["cam-1"]})  # the operator points it at one camera
+        assert client.put("/api/filters/anything-here", data={"spec": narrowed}).status_code == 200
+        again = client.post(f"/api/training-jobs/{job['id']}/deploy")  # a new revision, on the camera chosen
+        assert again.status_code == 200, again.text
+        assert (again.json()["spec"]["version"], again.json()["spec"]["cameras"]) == (3, ["cam-1"])
+        assert again.json()["revision"] > deployed.json()["revision"]
+    assert get_job(cloud, job["id"])["deployed"] is True
+
+
+def labelled_span(clip: LabelledDataset) -> list[int]:
+    labelled = [i for i, value in enumerate(clip.labels[EVENT]) if value != -1]
+    return [labelled[0], labelled[-1] + 1]
+
+
+def trained_model(cloud: CloudServer, job_id: int) -> bytes:
+    """The job's model as the cloud stored it (straight from the database)."""
+    from cloud.db import TrainingJob, make_engine, session_factory
+
+    engine = make_engine(cloud.config.db_url)
+    try:
+        with session_factory(engine)() as session:
+            return session.get(TrainingJob, job_id).onnx
+    finally:
+        engine.dispose()
+
+
+def test_a_trainer_that_dies_mid_job_loses_it_to_the_next(
+    cloud: CloudServer, clip: LabelledDataset, base_model: Path, tmp_path: Path
+) -> None:
+    job = queue_job(cloud, "survivor")
+    first = trainer(cloud, base_model, tmp_path, "trainer-dies")
+
+    def training() -> bool:
+        progress = get_job(cloud, job["id"])["progress"] or {}
+        return progress.get("stage") in ("features", "training") or first.poll() is not None
+
+    wait_until(training, "the first trainer to start training", timeout=TRAINER_TIMEOUT)
+    first.kill()
+    first.wait()
+    time.sleep(LEASE + 0.5)  # its last progress report renewed the lease for this long
+    running = get_job(cloud, job["id"])
+    assert (running["status"], running["attempts"], running["trainer"]) == ("running", 1, "trainer-dies")
+
+    second = trainer(cloud, base_model, tmp_path, "trainer-next")
+    finish(second, tmp_path, "trainer-next")
+    done = get_job(cloud, job["id"])
+    assert (done["status"], done["attempts"], done["trainer"]) == ("done", 2, "trainer-next")
+    assert done["result"]["frames"] == labelled_span(clip) and done["spec"]["name"] == "survivor"
+    with cloud.client() as client:
+        assert client.post(f"/api/training-jobs/{job['id']}/deploy").status_code == 200
+        assert client.get("/api/filters/survivor").json()["spec"]["validation"] == done["spec"]["validation"]
+
+
+def test_stale_trainers_are_refused_and_a_job_fails_after_its_trainers_die(
+    cloud: CloudServer, make_filter: Any
+) -> None:
+    job = queue_job(cloud, "stale-one")
+    with cloud.client() as client:
+        refused = client.post(f"/api/training-jobs/{job['id']}/deploy")
+        assert refused.status_code == 409 and "queued, not done" in refused.json()["detail"]
+
+    first = claim(cloud, "trainer-1")
+    assert first.status_code == 200, first.text
+    assert (first.json()["id"], first.json()["attempts"], first.json()["lease_seconds"]) == (job["id"], 1, LEASE)
+    assert first.json()["archive_url"] == f"/api/datasets/{DATASET}/archive.tar"
+    assert claim(cloud, "trainer-2").status_code == 204  # nothing else waits while trainer-1 holds it
+    progress = {"trainer": "trainer-1", "stage": "training", "fraction": 0.5, "message": "fold 1"}
+    with cloud.client(TRAINER_TOKEN) as client:
+        assert client.post(f"/api/training-jobs/{job['id']}/progress", json=progress).status_code == 200
+    time.sleep(LEASE + 0.5)  # trainer-1 falls silent
+
+    second = claim(cloud, "trainer-2")
+    assert (second.json()["id"], second.json()["attempts"]) == (job["id"], 2)
+    spec, onnx = make_filter("full_frame", "late", (160, 96), name="stale-one", event=EVENT)
+    with cloud.client(TRAINER_TOKEN) as client:
+        stale = client.post(f"/api/training-jobs/{job['id']}/progress", json=progress)
+        assert stale.status_code == 409 and "not held by trainer 'trainer-1'" in stale.json()["detail"]
+        files = {"model": ("model.onnx", onnx)}
+        form = {"trainer": "trainer-1", "spec": spec.model_dump_json(), "report": "{}"}
+        assert client.post(f"/api/training-jobs/{job['id']}/result", data=form, files=files).status_code == 409
+        failed = {"trainer": "trainer-1", "message": "gave up"}
+        assert client.post(f"/api/training-jobs/{job['id']}/failed", json=failed).status_code == 409
+        renewed = client.post(f"/api/training-jobs/{job['id']}/progress", json={**progress, "trainer": "trainer-2"})
+        assert renewed.status_code == 200, renewed.text
+        old_claim = {**progress, "trainer": "trainer-2", "attempt": 1}
+        assert client.post(f"/api/training-jobs/{job['id']}/progress", json=old_claim).status_code == 409
+        wrong = spec.model_copy(update={"name": "another-filter"}).model_dump_json()
+        answer = client.post(
+            f"/api/training-jobs/{job['id']}/result", data={**form, "trainer": "trainer-2", "spec": wrong}, files=files
+        )
+        assert answer.status_code == 422 and "upload the bundle trained for this job" in answer.json()["detail"]
+    time.sleep(LEASE + 0.5)
+
+    assert claim(cloud, "trainer-3").json()["attempts"] == 3
+    time.sleep(LEASE + 0.5)  # the third trainer dies too: the job fails rather than be taken a fourth time
+    assert claim(cloud, "trainer-4").status_code == 204
+    failed_job = get_job(cloud, job["id"])
+    assert failed_job["status"] == "failed" and "died" in failed_job["error"] and "trainer-3" in failed_job["error"]
+
+
+def test_trainers_claiming_at_once_never_share_a_job(cloud: CloudServer) -> None:
+    jobs = {queue_job(cloud, f"race-{n}")["id"] for n in range(3)}
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda n: claim(cloud, f"racer-{n}"), range(8)))
+    claimed = [answer.json() for answer in answers if answer.status_code == 200]
+    assert sorted(answer.status_code for answer in answers) == [200] * 3 + [204] * 5
+    assert {job["id"] for job in claimed} == jobs and all(job["attempts"] == 1 for job in claimed)
+    for job in claimed:  # each holder reports on its own job, and gives it up
+        assert get_job(cloud, job["id"])["trainer"] == job["trainer"]
+        with cloud.client(TRAINER_TOKEN) as client:
+            failed = {"trainer": job["trainer"], "message": "a race test\nsecond line", "attempt": 1}
+            assert client.post(f"/api/training-jobs/{job['id']}/failed", json=failed).status_code == 200
+        assert get_job(cloud, job["id"])["error"] == "a race test"
+
+
+def test_bad_jobs_are_refused_in_one_line(cloud: CloudServer) -> None:
+    cases = [
+        ({"dataset": "nowhere"}, 404, "no dataset named 'nowhere'"),
+        ({"event": "never_labelled"}, 422, "has 0 positive and 0 negative labels"),
+        ({"event": "always"}, 422, "has 10 positive and 0 negative labels"),
+        ({"filter": "Bad Name"}, 422, "body.filter: String should match pattern"),
+        ({"options": {"optimizer": "sgd"}}, 422, "body.options.optimizer: Input should be 'adam'"),
+        ({"options": {"input_size": [100, 96]}}, 422, "multiple of 32"),
+        ({"options": {"epochs": 3}}, 422, "epochs"),
+    ]
+    with cloud.client() as client:
+        for fields, status, detail in cases:
+            body = {"dataset": DATASET, "event": EVENT, "filter": "refused", **fields}
+            answer = client.post("/api/training-jobs", json=body)
+            assert answer.status_code == status, (fields, answer.text)
+            assert detail in answer.json()["detail"] and "\n" not in answer.json()["detail"], fields
+        assert client.post("/api/training-jobs/claim", json={"trainer": "operator"}).status_code == 403
+        assert client.get("/api/training-jobs/999").status_code == 404
+        assert client.post("/api/training-jobs/999/deploy").status_code == 404
+        assert all(job["filter"] != "refused" for job in client.get("/api/training-jobs").json())
+    with cloud.client(TRAINER_TOKEN) as client:
+        job = {"dataset": DATASET, "event": EVENT, "filter": "x"}
+        assert client.post("/api/training-jobs", json=job).status_code == 403  # trainers do not queue jobs
+        progress = {"trainer": "t", "stage": "training", "fraction": 0}
+        assert client.post("/api/training-jobs/999/progress", json=progress).status_code == 404
