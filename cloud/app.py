@@ -39,7 +39,7 @@ from cloud.metrics import ServiceCollector
 from cloud.notify import Notifier
 from cloud.publisher import Publisher
 from cloud.registry import Registry, RegistryError
-from cloud.routers import datasets, edges, events, filters, stats, training
+from cloud.routers import datasets, edges, events, feedback, filters, stats, training
 from cloud.schemas import Health, errors
 from cloud.storage import Storage
 from models.errors import FilterForwardError, validation_summary
@@ -80,7 +80,7 @@ def create_app(config: CloudConfig, services: Services) -> FastAPI:
     )
     app.state.config = config
     app.state.services = services
-    for module in (filters, edges, events, stats, datasets, training):
+    for module in (filters, edges, events, stats, datasets, training, feedback):
         app.include_router(module.router, prefix="/api")
     app.add_exception_handler(RegistryError, _registry_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

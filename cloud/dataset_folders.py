@@ -50,6 +50,10 @@ class DatasetFolders:
     def write_image(self, name: str, number: int, jpeg: bytes) -> None:
         write_atomically(self.folder(name) / IMAGES / image_name(number), jpeg)
 
+    def remove_image(self, name: str, number: int) -> None:
+        """An image whose row was not stored after all: the archive would hand it to trainers as a frame."""
+        (self.folder(name) / IMAGES / image_name(number)).unlink(missing_ok=True)
+
     def write_meta(
         self,
         name: str,
@@ -73,6 +77,16 @@ class DatasetFolders:
         folder = self.folder(name)
         write_atomically(folder / LABELS_FILE, ("\n".join(rows) + "\n").encode())
         write_atomically(folder / CONFIG_FILE, yaml.safe_dump(config, sort_keys=False).encode())
+
+    def rename(self, old: str, new: str) -> bool:
+        """The folder `old` becomes `new`; False when `new` exists (another dataset's: left alone)."""
+        try:
+            (self.root / old).rename(self.root / new)
+        except OSError:
+            if not (self.root / new).exists():
+                raise
+            return False
+        return True
 
     def delete(self, name: str) -> None:
         shutil.rmtree(self.folder(name), ignore_errors=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.dataset_folders import CAMERA_FRAME, FRAME_INDEX, DatasetFolders
-from cloud.db import Camera, Dataset, DatasetFrame, Edge, Label
+from cloud.db import Camera, Dataset, DatasetFrame, Edge, Label, begin_writing
 from cloud.registry import RegistryError
 from common.protocol import FootageHeader, FootageRequest, FootageStatus
 from models.roi import polygon_errors
@@ -43,6 +43,17 @@ class EventCounts:
     negative: int
     uncertain: int
     occurrences: int  # runs of positive frames
+
+
+@dataclass(frozen=True)
+class SourceFrame:
+    """A stored (matched) frame to copy into a dataset: its row (cloud.db.StoredFrame), its place in its camera's
+    stream, and its JPEG."""
+
+    id: int
+    camera_frame: int
+    timestamp: float
+    jpeg: bytes
 
 
 class Datasets:
@@ -77,54 +88,65 @@ class Datasets:
         return row
 
     def upload(self, name: str, video: Path, every: float) -> Dataset:
-        """A dataset of a recorded clip: one frame every `every` seconds (0: every frame) decoded to its images."""
+        """A dataset of a recorded clip: one frame every `every` seconds (0: every frame) decoded to its images.
+        The frames are decoded into a staging folder that becomes the dataset's only when nothing failed, so a file
+        that is no video, a full disk or a concurrent upload of the same name leaves no folder behind and touches
+        no other dataset's."""
         with self._sessions() as session:
             self._check_new(session, name)
+        staging = f".upload-{secrets.token_hex(8)}"
+        try:
+            fps, step, frames = self._decode(staging, video, every)
+            first = cv2.imdecode(np.frombuffer(self.folders.image(staging, 0).read_bytes(), np.uint8), 0)
+            if not self.folders.rename(staging, name):
+                raise DatasetError(409, f"a dataset named {name!r} exists: pick another name or delete it first")
+        except BaseException:
+            self.folders.delete(staging)
+            raise
+        try:
+            with self._sessions.begin() as session:
+                self._check_new(session, name)
+                row = Dataset(
+                    name=name, source="upload", every=every, status="complete", frames=len(frames),
+                    expected=len(frames), fps=fps / step, width=first.shape[1], height=first.shape[0], regions={},
+                )  # fmt: skip
+                session.add(row)
+                session.flush()
+                session.add_all(
+                    DatasetFrame(dataset=name, number=n, camera_frame=index, timestamp=index / fps)
+                    for n, index in enumerate(frames)
+                )
+        except BaseException:
+            self.folders.delete(name)  # the folder is this upload's: the rename above found none there
+            raise
+        self.refresh(name)
+        return row
+
+    def _decode(self, name: str, video: Path, every: float) -> tuple[float, int, list[int]]:
+        """Every frame `every` seconds apart into the dataset's images: (the clip's fps, the step in frames, the kept
+        frames' indices in the clip)."""
         capture = cv2.VideoCapture(str(video))
         try:
             fps = capture.get(cv2.CAP_PROP_FPS) if capture.isOpened() else 0.0
             if not fps or not math.isfinite(fps) or fps <= 0:
                 raise DatasetError(422, "the upload is not a video OpenCV can read: send an MP4 (H.264) or similar")
             step = max(1, round(every * fps)) if every > 0 else 1
-            frames = self._decode(name, capture, step)
+            kept: list[int] = []
+            index = 0
+            while (image := capture.read()[1]) is not None:
+                if index % step == 0:
+                    if len(kept) >= MAX_UPLOAD_FRAMES:
+                        raise DatasetError(
+                            413, f"the clip has over {MAX_UPLOAD_FRAMES} frames at this rate: raise `every` or cut it"
+                        )
+                    self.folders.write_image(name, len(kept), _jpeg(image))
+                    kept.append(index)
+                index += 1
         finally:
             capture.release()
-        if not frames:
-            self.folders.delete(name)
+        if not kept:
             raise DatasetError(422, "the uploaded video has no frame that decodes: send another file")
-        height, width = cv2.imdecode(np.frombuffer(self.folders.image(name, 0).read_bytes(), np.uint8), 0).shape
-        with self._sessions.begin() as session:
-            self._check_new(session, name)
-            row = Dataset(
-                name=name, source="upload", every=every, status="complete", frames=len(frames),
-                expected=len(frames), fps=fps / step, width=width, height=height, regions={},
-            )  # fmt: skip
-            session.add(row)
-            session.flush()
-            session.add_all(
-                DatasetFrame(dataset=name, number=n, camera_frame=index, timestamp=index / fps)
-                for n, index in enumerate(frames)
-            )
-        self.refresh(name)
-        return row
-
-    def _decode(self, name: str, capture: cv2.VideoCapture, step: int) -> list[int]:
-        """Every `step`-th frame into the dataset's images; their indices in the clip."""
-        kept: list[int] = []
-        index = 0
-        while True:
-            ok, image = capture.read()
-            if not ok:
-                return kept
-            if index % step == 0:
-                if len(kept) >= MAX_UPLOAD_FRAMES:
-                    self.folders.delete(name)
-                    raise DatasetError(
-                        413, f"the clip has over {MAX_UPLOAD_FRAMES} frames at this rate: raise `every` or cut it"
-                    )
-                self.folders.write_image(name, len(kept), _jpeg(image))
-                kept.append(index)
-            index += 1
+        return fps, step, kept
 
     @staticmethod
     def _check_new(session: Session, name: str) -> None:
@@ -179,6 +201,57 @@ class Datasets:
                 if value is not None
             )
         self.refresh(name)
+
+    def append(self, name: str, event: str, value: int, frames: Sequence[SourceFrame]) -> int:
+        """Copies stored frames into the dataset, numbered after its last frame (a frame it holds already, by its
+        source, is not copied again), and labels every one of them `value` for `event`; how many were new."""
+        _check_event(event)
+        written: list[int] = []
+        try:
+            with self._sessions.begin() as session:
+                begin_writing(session)  # one append at a time: each numbers its frames after the last one
+                dataset = session.scalar(select(Dataset).where(Dataset.name == name).with_for_update())
+                if dataset is None:
+                    raise DatasetError(404, f"no dataset {name!r}: list them with GET /api/datasets")
+                if dataset.status in ("requested", "recording"):
+                    raise DatasetError(
+                        409, f"dataset {name!r} is still {dataset.status} footage: give feedback once it is complete"
+                    )
+                held = dict(
+                    session.execute(
+                        select(DatasetFrame.source_frame_id, DatasetFrame.number).where(
+                            DatasetFrame.dataset == name, DatasetFrame.source_frame_id.in_([f.id for f in frames])
+                        )
+                    ).all()
+                )
+                last = session.scalar(select(func.max(DatasetFrame.number)).where(DatasetFrame.dataset == name))
+                first = 0 if last is None else last + 1
+                for frame in frames:
+                    if frame.id in held:
+                        continue
+                    held[frame.id] = number = first + len(written)
+                    self.folders.write_image(name, number, frame.jpeg)
+                    written.append(number)
+                    session.add(
+                        DatasetFrame(
+                            dataset=name, number=number, camera_frame=frame.camera_frame, timestamp=frame.timestamp,
+                            source_frame_id=frame.id,
+                        )
+                    )  # fmt: skip
+                dataset.frames += len(written)
+                if dataset.expected is not None:  # the frames it should hold: feedback frames count as expected
+                    dataset.expected += len(written)
+                numbers = [held[frame.id] for frame in frames]
+                session.execute(
+                    delete(Label).where(Label.dataset == name, Label.event == event, Label.frame_index.in_(numbers))
+                )
+                session.add_all(Label(dataset=name, event=event, frame_index=n, value=value) for n in set(numbers))
+        except BaseException:
+            for number in written:
+                self.folders.remove_image(name, number)
+            raise
+        self.refresh(name)
+        return len(written)
 
     def set_region(self, name: str, event: str, polygon: list[tuple[float, float]] | None) -> None:
         _check_event(event)

@@ -35,7 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.hybrid import hybrid_property
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
 from cloud import migrations
 
@@ -265,11 +265,17 @@ class DatasetFrame(Base):
     """One frame of a dataset: its number in the dataset (its image is images/<number>.jpg) and where it came from."""
 
     __tablename__ = "dataset_frames"
+    # A stored frame joins a dataset once (feedback from the event gallery); the index also serves its foreign key.
+    __table_args__ = (UniqueConstraint("source_frame_id", "dataset", name="uq_dataset_frames_source"),)
 
     dataset: Mapped[str] = mapped_column(ForeignKey("datasets.name", ondelete="CASCADE"), primary_key=True)
     number: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     camera_frame: Mapped[int] = mapped_column(BigInteger, doc="the frame index in the camera's (or clip's) stream")
     timestamp: Mapped[float] = mapped_column(Float, doc="stream time in seconds")
+    source_frame_id: Mapped[int | None] = mapped_column(
+        ForeignKey("frames.id", ondelete="SET NULL", name="fk_dataset_frames_source_frame_id"),
+        doc="the stored (matched) frame it was copied from: feedback on an event or a missed interval",
+    )
 
 
 class Label(Base):
@@ -368,3 +374,11 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 def session_factory(engine: Engine) -> sessionmaker:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def begin_writing(session: Session) -> None:
+    """Opens the transaction on SQLite now: pysqlite defers BEGIN to the first INSERT, so a SAVEPOINT before it
+    would start (and its RELEASE commit) a transaction of its own. IMMEDIATE takes the write lock at once, so
+    the transaction never has to upgrade a stale read. PostgreSQL needs nothing."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.connection().exec_driver_sql("BEGIN IMMEDIATE")

@@ -202,6 +202,12 @@ class TrainingReport(BaseModel):
     warnings: list[str] = Field(max_length=32, description="why the estimate may not hold, and what to label next")
     candidates: list[CandidateOut] = Field(max_length=16, description="the kinds cross-validation compared")
     examples: ExampleFrames
+    uncertain: list[ExampleFrame] = Field(
+        default_factory=list,
+        max_length=64,
+        description="unlabelled frames of the dataset the filter is least sure about (scores closest to its "
+        "threshold first): the frames to label next",
+    )
     seconds: float = Field(ge=0.0, description="the trainer's time on the job")
 
 
@@ -231,3 +237,17 @@ class ClaimOut(TrainingJobOut):
 
     archive_url: str = Field(description="the dataset as a tar (GET, train scope), relative to the cloud's base URL")
     lease_seconds: float = Field(description="report progress well within this, or the job is taken again")
+
+
+class RevisionOut(BaseModel):
+    """A training job deployed as the filter: one of its revisions, to compare or to roll back to."""
+
+    job: int = Field(description="the training job (POST /api/training-jobs/{job}/deploy rolls back to it)")
+    dataset: str
+    event: str
+    validation: Validation | None = Field(description="its cross-validated estimate (event F1 with its spread)")
+    positives: int = Field(description="frames labelled with the event it was trained on")
+    negatives: int = Field(description="frames labelled without it")
+    current: bool = Field(description="the filter runs this job's model now")
+    created_at: UtcDatetime
+    finished_at: UtcDatetime | None

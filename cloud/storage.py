@@ -38,6 +38,7 @@ from cloud.db import (
     Fragment,
     Received,
     StoredFrame,
+    begin_writing,
     thumbnail_of,
     utcnow,
 )
@@ -192,14 +193,6 @@ def _repeat_of(first: Outcome) -> Outcome:
     return first if isinstance(first, Exception) else "duplicate"
 
 
-def _begin_writing(session: Session) -> None:
-    """Opens the transaction on SQLite now: pysqlite defers BEGIN to the first INSERT, so a SAVEPOINT before it
-    would start (and its RELEASE commit) a transaction of its own. IMMEDIATE takes the write lock at once, so
-    the batch never has to upgrade a stale read. PostgreSQL needs nothing."""
-    if session.get_bind().dialect.name == "sqlite":
-        session.connection().exec_driver_sql("BEGIN IMMEDIATE")
-
-
 def _get_or_add(session: Session, model: type[T], key: object, **fields: Any) -> T:
     row = session.get(model, key)
     if row is None:
@@ -292,7 +285,7 @@ class Storage:
                     outcomes[index] = exc
         if writes:
             with self._sessions.begin() as session:
-                _begin_writing(session)
+                begin_writing(session)
                 for write in writes:
                     outcomes[write.index] = self._apply(session, write)
         for index, message in enumerate(messages):

@@ -127,6 +127,22 @@ class TrainingJobs:
         log.info("training job %d deployed as filter %s (revision %d)", job_id, row.name, row.revision)
         return row
 
+    def revisions(self, filter_name: str) -> list[tuple[TrainingJob, bool]]:
+        """The filter's deployed jobs, newest first (models not loaded), each with whether the filter runs its model
+        now; 404 for a filter that neither exists nor was ever deployed from a job."""
+        current = select(Filter.onnx).where(Filter.name == filter_name).scalar_subquery()
+        query = (
+            select(TrainingJob, func.coalesce(TrainingJob.onnx == current, False))
+            .options(defer(TrainingJob.onnx))
+            .where(TrainingJob.filter_name == filter_name, TrainingJob.deployed)
+            .order_by(TrainingJob.created_at.desc(), TrainingJob.id.desc())
+        )
+        with self._sessions() as session:
+            rows = [(job, bool(is_current)) for job, is_current in session.execute(query)]
+            if not rows and session.get(Filter, filter_name) is None:
+                raise TrainingError(404, f"no filter named '{filter_name}': list the filters with GET /api/filters")
+        return rows
+
     # -- trainers --------------------------------------------------------------------------------------------
 
     def claim(self, trainer: str) -> TrainingJob | None:
@@ -188,6 +204,7 @@ class TrainingJobs:
             )
         self._check_model(spec, onnx)
         report = _parse_report(report_text)
+        report["uncertain"] = self._unlabelled(job, report["uncertain"])
         now = utcnow()
         values = {
             "status": "done",
@@ -237,6 +254,21 @@ class TrainingJobs:
                 409, f"training job {job.id} changed hands while trainer '{job.trainer}' reported: claim another"
             )
 
+    def _unlabelled(self, job: TrainingJob, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The frames to label next that have no label for the job's event: the trainer cannot tell a frame labelled
+        uncertain from an unlabelled one (labels.csv has -1 for both)."""
+        with self._sessions() as session:
+            labelled = set(
+                session.scalars(
+                    select(Label.frame_index).where(
+                        Label.dataset == job.dataset,
+                        Label.event == job.event,
+                        Label.frame_index.in_([frame["frame"] for frame in frames]),
+                    )
+                )
+            )
+        return [frame for frame in frames if frame["frame"] not in labelled]
+
     def _fail_abandoned(self) -> None:
         """Running jobs whose lease ran out after the last allowed claim: failed, saying that their trainers died."""
         now = utcnow()
@@ -277,6 +309,23 @@ class TrainingJobs:
                 ) from None
             log.error("%s could not be saved: %s", what, exc)
             raise TrainingError(503, f"{what} could not be saved: the database is unavailable; retry") from None
+
+
+def filter_source(session: Session, filter_name: str) -> tuple[str, str]:
+    """The dataset and event of the filter's last deployed training job: where feedback on its events goes."""
+    row = session.execute(
+        select(TrainingJob.dataset, TrainingJob.event)
+        .where(TrainingJob.filter_name == filter_name, TrainingJob.deployed)
+        .order_by(TrainingJob.created_at.desc(), TrainingJob.id.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        raise TrainingError(
+            409,
+            f"filter '{filter_name}' was not made in the studio, so it has no dataset to learn from: train it in the "
+            "studio first (label a dataset, then POST /api/training-jobs and deploy the job)",
+        )
+    return row.dataset, row.event
 
 
 def _claimable(now: datetime) -> Any:

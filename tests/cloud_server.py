@@ -5,6 +5,7 @@ Used by the API, web, uplink and end-to-end tests; also a fresh PostgreSQL schem
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -148,3 +149,39 @@ def postgres_schema() -> Iterator[str]:
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as connection:
             connection.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+TRAINER_TIMEOUT = 600  # seconds; only keeps a broken trainer from hanging a test
+
+
+def start_trainer(cloud: CloudServer, token: str, base_model: Path, work: Path, name: str) -> subprocess.Popen:
+    """`filterforward trainer serve --once` (takes one job, trains it, reports, exits) as its own process, with a
+    train-scope token, its log in work/<name>.log."""
+    work.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "filterforward", "trainer", "serve", "--cloud", cloud.url, "--once"]
+    command += ["--name", name, "--work", str(work), "--base-model", str(base_model), "--poll", "0.5"]
+    env = {**os.environ, "FF_TRAINER_TOKEN": token}
+    with (work / f"{name}.log").open("w") as log:
+        return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def finish_trainer(process: subprocess.Popen, work: Path, name: str) -> None:
+    """Wait for a trainer started by start_trainer; it must exit 0 (its job done)."""
+    try:
+        returncode = process.wait(timeout=TRAINER_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+    assert returncode == 0, (work / f"{name}.log").read_text()
+
+
+def job_model(cloud: CloudServer, job_id: int) -> bytes:
+    """A training job's model as the cloud stored it (straight from the database: the API does not serve it)."""
+    from cloud.db import TrainingJob, make_engine, session_factory
+
+    engine = make_engine(cloud.config.db_url)
+    try:
+        with session_factory(engine)() as session:
+            return session.get(TrainingJob, job_id).onnx
+    finally:
+        engine.dispose()

@@ -1,5 +1,5 @@
 """Small helpers the tests share: a free loopback port, polling with a bound, a subscriber on the local
-Mosquitto broker, an event notification, and frames read from a real clip."""
+Mosquitto broker, an event notification, frames read from a real clip, and the web page signed in."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -113,3 +115,34 @@ def notification(
         thumbnail=thumbnail or None,
     )
     return Notification(phase=phase, event=event)
+
+
+@contextmanager
+def signed_in(browser: Any, url: str, token: str, **context_options: Any) -> Iterator[Any]:
+    """The cloud's web page in a fresh Playwright browser context, signed in with `token`; an uncaught exception in
+    the page's scripts fails the test."""
+    context = browser.new_context(**context_options)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(url + "/")
+    page.get_by_label("Bearer token").fill(token)
+    page.get_by_test_id("token-save").click()
+    try:
+        yield page
+    finally:
+        context.close()
+    assert errors == [], errors
+
+
+def wait_shown(page: Any, frame: int, timeout: float = 30_000) -> None:
+    """Until the studio page shows `frame` as the current one, its image loaded (`timeout` in ms)."""
+    page.wait_for_function(
+        """frame => {
+            const img = document.getElementById('frame-image');
+            return document.getElementById('stage').dataset.frame === String(frame)
+                && img.dataset.frame === String(frame) && img.complete && img.naturalWidth > 0;
+        }""",
+        arg=frame,
+        timeout=timeout,
+    )

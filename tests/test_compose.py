@@ -40,8 +40,9 @@ EDGE_BOX = REPO / "deploy" / "compose.edge.yml"
 SCHEMA = Path(__file__).with_name("data") / "compose-spec.schema.json"
 OPERATOR_TOKEN = "compose-test-operator-token-0123"
 DASHBOARD_TOKEN = "compose-test-dashboard-token-4567"
+TRAINER_TOKEN = "compose-test-trainer-token-8901"
 # What an operator's .env holds for docker-compose.yml (FF_CLIP is added per test: the real clip).
-ENV = {"FF_OPERATOR_TOKEN": OPERATOR_TOKEN, "FF_DASHBOARD_TOKEN": DASHBOARD_TOKEN}
+ENV = {"FF_OPERATOR_TOKEN": OPERATOR_TOKEN, "FF_DASHBOARD_TOKEN": DASHBOARD_TOKEN, "FF_TRAINER_TOKEN": TRAINER_TOKEN}
 FILTER = "compose-always"
 WAIT_S = 120.0  # bounds every wait on a service; only a broken setup reaches it
 _INTERPOLATION = re.compile(
@@ -410,6 +411,11 @@ def test_services_agree_on_ports_and_variables(path: Path, tmp_path: Path) -> No
         assert published == {cloud.port, cloud.zmq.ingest_port, cloud.zmq.publish_port}
         assert edge.cloud is not None and edge.cloud.address == "127.0.0.1"  # the service `cloud`
         assert (edge.cloud.ingest_port, edge.cloud.publish_port) == (cloud.zmq.ingest_port, cloud.zmq.publish_port)
+        trainer = project["trainer"].spec["command"]
+        assert urlsplit(option(trainer, "--cloud")).hostname == "cloud"  # the service `cloud`
+        assert urlsplit(option(trainer, "--cloud")).port == cloud.port
+        assert urlsplit(probe_url(project["trainer"].spec)).port == int(option(trainer, "--health-port"))
+        assert any(token.scopes == ["train"] for token in cloud.tokens)  # the trainer's FF_TRAINER_TOKEN
 
 
 @pytest.mark.parametrize("path", [COMPOSE, EDGE_BOX], ids=lambda path: path.name)
@@ -436,6 +442,7 @@ def test_what_services_write_lands_in_volumes(path: Path, tmp_path: Path) -> Non
     if path == COMPOSE:
         cloud = cloud_config(project)
         written += [cloud.data_dir, cloud.zmq.secret_key, cloud.zmq.edge_keys]
+        written.append(Path(option(project["trainer"].argv(), "--work")))
     volumes = tmp_path / "volumes"
     assert all(Path(written_path).is_relative_to(volumes) for written_path in written), written
 

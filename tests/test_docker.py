@@ -35,7 +35,17 @@ from docker_engine import (
     wheel_server,
 )
 from support import free_port
-from test_compose import COMPOSE, DASHBOARD_TOKEN, EDGE_BOX, FILTER, OPERATOR_TOKEN, read_compose, require_free, seconds
+from test_compose import (
+    COMPOSE,
+    DASHBOARD_TOKEN,
+    EDGE_BOX,
+    FILTER,
+    OPERATOR_TOKEN,
+    TRAINER_TOKEN,
+    read_compose,
+    require_free,
+    seconds,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -59,8 +69,8 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = WAIT_S
 @dataclass
 class Images:
     base: str
-    seconds: dict[str, float]  # base, cloud, edge
-    sizes: dict[str, int]  # cloud, edge: bytes
+    seconds: dict[str, float]  # base, cloud, edge, trainer
+    sizes: dict[str, int]  # cloud, edge, trainer: bytes
 
 
 @pytest.fixture(scope="module")
@@ -87,19 +97,21 @@ def images(engine: DockerEngine) -> Images:
     times = {"base": time.monotonic() - started}
     torch_wheel = cpu_torch_wheel()
     with wheel_server(torch_wheel.parent) as wheels:
-        for name, args in (
-            ("cloud", []),
-            ("edge", ["--build-arg", "TORCH_INDEX_URL=", "--build-arg", f"PIP_FIND_LINKS={wheels}"]),
+        torch_args = ["--build-arg", "TORCH_INDEX_URL=", "--build-arg", f"PIP_FIND_LINKS={wheels}"]
+        for name, dockerfile, args in (
+            ("cloud", "cloud", []),
+            ("edge", "edge", torch_args),
+            ("trainer", "edge", [*torch_args, "--target", "trainer"]),  # the edge's export stage, from the cache
         ):
             started = time.monotonic()
             build = [
-                "build", "--network", "host", "--file", f"deploy/Dockerfile.{name}",
+                "build", "--network", "host", "--file", f"deploy/Dockerfile.{dockerfile}",
                 "--build-arg", f"PYTHON_IMAGE={base}", *args, "--tag", image(name), ".",
             ]  # fmt: skip
             result = engine.docker(*build, cwd=REPO, env=engine.build_env, check=False, timeout=1200)
             assert result.returncode == 0, f"{name} image build failed:\n{result.stdout[-6000:]}{result.stderr[-6000:]}"
             times[name] = time.monotonic() - started
-    sizes = {name: engine.image_size(image(name)) for name in ("cloud", "edge")}
+    sizes = {name: engine.image_size(image(name)) for name in ("cloud", "edge", "trainer")}
     summary = ", ".join(f"{name} {sizes.get(name, 0) / 2**20:.0f} MiB in {times[name]:.0f} s" for name in times)
     print(f"images: {summary}", file=sys.stderr)
     return Images(base, times, sizes)
@@ -255,8 +267,10 @@ print(json.dumps([seq for (seq,) in db.execute("SELECT seq FROM received WHERE e
 # -- the tests -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["cloud", "edge"])
-def test_images_run_as_non_root_and_hold_no_torch(engine: DockerEngine, images: Images, name: str) -> None:
+@pytest.mark.parametrize("name", ["cloud", "edge", "trainer"])
+def test_images_run_as_non_root_and_only_the_trainer_holds_torch(
+    engine: DockerEngine, images: Images, name: str
+) -> None:
     config = json.loads(engine.docker("image", "inspect", "--format", "{{json .Config}}", image(name)).stdout)
     assert config["User"] == USER and config["Healthcheck"]["Test"][0] == "CMD"
     probe = (
@@ -267,13 +281,22 @@ def test_images_run_as_non_root_and_hold_no_torch(engine: DockerEngine, images: 
     )
     seen = json.loads(engine.docker("run", "--rm", "--network", "none", image(name), "python", "-c", probe).stdout)
     assert seen["uid"] == 10001 and seen["version"] == [3, 11]
-    assert seen["modules"]["torch"] is False, f"torch is in the {name} image"
+    assert seen["modules"]["torch"] is (name == "trainer"), f"torch in the {name} image: {seen['modules']['torch']}"
     assert seen["modules"]["onnxruntime"] is True
-    if name == "edge":
+    if name == "trainer":  # trains on the very base DNN file the edges run, so they accept its filters
+        assert base_model_digest(engine, "trainer") == base_model_digest(engine, "edge")
+    elif name == "edge":
         assert seen["modules"]["openvino"] is True and seen["base_model"] is True
     else:
         assert seen["modules"]["fastapi"] is True
     print(f"{name}: {images.sizes[name] / 2**20:.0f} MiB, built in {images.seconds[name]:.0f} s", file=sys.stderr)
+
+
+def base_model_digest(engine: DockerEngine, name: str) -> str:
+    script = "import hashlib; print(hashlib.sha256(open(BASE, 'rb').read()).hexdigest())".replace(
+        "BASE", repr("/opt/filterforward/base/efficientnet_lite0.onnx")
+    )
+    return engine.docker("run", "--rm", "--network", "none", image(name), "python", "-c", script).stdout.strip()
 
 
 def test_all_in_one_compose_stores_matched_frames_and_loses_none_across_an_edge_crash(
@@ -285,15 +308,15 @@ def test_all_in_one_compose_stores_matched_frames_and_loses_none_across_an_edge_
     message it held reaches the cloud; `down` stops all within the grace period, each with status 0."""
     port = free_port()
     env = {
-        "FF_OPERATOR_TOKEN": OPERATOR_TOKEN, "FF_DASHBOARD_TOKEN": DASHBOARD_TOKEN, "FF_CLIP": str(short_clip),
-        "FF_HTTP_PORT": str(port),
+        "FF_OPERATOR_TOKEN": OPERATOR_TOKEN, "FF_DASHBOARD_TOKEN": DASHBOARD_TOKEN, "FF_TRAINER_TOKEN": TRAINER_TOKEN,
+        "FF_CLIP": str(short_clip), "FF_HTTP_PORT": str(port),
     }  # fmt: skip
     require_free({5555, 5556})  # published as declared
     stack = Stack(engine, COMPOSE, env, tmp_path)
     stacks.append(stack)
     stack.compose("up", "--detach", "--no-build")
     assert stack.state("keys")["ExitCode"] == 0
-    stack.wait_healthy("cloud", "camera", "edge")
+    stack.wait_healthy("cloud", "camera", "edge", "trainer")
 
     base_url = f"http://127.0.0.1:{port}"
     with (

@@ -10,7 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from edge_site import CAMERA, EDGE, Site, finish, make_site
+from edge_site import CAMERA, EDGE, Site, filterforward, finish, make_site
 from support import wait_until
 
 from models.datasets import open_dataset, write_synthetic
@@ -88,3 +88,9 @@ def test_footage_request_becomes_a_dataset(site: Site, clip: Path) -> None:
         assert decoded.shape == (SIZE[1], SIZE[0], 3)
         assert np.abs(decoded.astype(int) - image.astype(int)).mean() < 1  # the same JPEG the folder holds
     assert "Traceback" not in site.cloud.log_text() and "Traceback" not in site.edge_log()
+    # The folder as the cloud keeps it trains with the CLI unchanged.
+    out = site.root / "bundle"
+    trained = filterforward("train", str(folder), "--event", "car", "--arch", "full_frame", "--frames", "0:6",
+                            "--input-size", "192x128", "--steps", "20", "--out", str(out))  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    assert (out / "spec.json").is_file() and (out / "model.onnx").is_file()

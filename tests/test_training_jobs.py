@@ -6,9 +6,6 @@ trainer that dies loses its job to the next one, a stale trainer is refused, and
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +14,16 @@ from typing import Any
 
 import httpx
 import pytest
-from cloud_server import READ_ONLY, READ_WRITE, REPO, CloudServer, run_cloud_on
+from cloud_server import (
+    READ_ONLY,
+    READ_WRITE,
+    TRAINER_TIMEOUT,
+    CloudServer,
+    finish_trainer,
+    job_model,
+    run_cloud_on,
+    start_trainer,
+)
 from support import wait_until
 
 from models.datasets import LabelledDataset, write_synthetic
@@ -27,7 +33,6 @@ DATASET = "synthetic"
 EVENT = "any_object"  # seed 0, 120 frames: positive in 45, two occurrences, so cross-validation runs
 LEASE = 4.0  # seconds: short, so a dead trainer's job is taken again within the test
 OPTIONS = {"steps": 30}  # the default kind choice (auto) at the clip's size, quickly
-TRAINER_TIMEOUT = 600  # seconds; only keeps a broken trainer from hanging the test
 
 
 @pytest.fixture(scope="module")
@@ -80,26 +85,6 @@ def get_job(cloud: CloudServer, job_id: int) -> dict[str, Any]:
     return answer.json()
 
 
-def trainer(cloud: CloudServer, base_model: Path, work: Path, name: str) -> subprocess.Popen:
-    """`filterforward trainer serve --once` as its own process, its log in work/<name>.log."""
-    work.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "filterforward", "trainer", "serve", "--cloud", cloud.url, "--once"]
-    command += ["--name", name, "--work", str(work), "--base-model", str(base_model), "--poll", "0.5"]
-    env = {**os.environ, "FF_TRAINER_TOKEN": TRAINER_TOKEN}
-    with (work / f"{name}.log").open("w") as log:
-        return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
-def finish(process: subprocess.Popen, work: Path, name: str) -> None:
-    """Wait for a trainer; it must exit 0 (its job done)."""
-    try:
-        returncode = process.wait(timeout=TRAINER_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        raise
-    assert returncode == 0, (work / f"{name}.log").read_text()
-
-
 def claim(cloud: CloudServer, name: str) -> httpx.Response:
     with cloud.client(TRAINER_TOKEN) as client:
         return client.post("/api/training-jobs/claim", json={"trainer": name})
@@ -112,13 +97,13 @@ def test_a_trainer_trains_a_queued_job_and_its_bundle_is_deployed(
     assert (job["status"], job["attempts"], job["progress"], job["result"]) == ("queued", 0, None, None)
     assert job["options"]["steps"] == 30 and job["options"]["arch"] is None
 
-    process = trainer(cloud, base_model, tmp_path, "trainer-a")
+    process = start_trainer(cloud, TRAINER_TOKEN, base_model, tmp_path, "trainer-a")
     stages = set()
     while process.poll() is None:  # what the page would show while it trains
         progress = get_job(cloud, job["id"])["progress"]
         stages.add(progress and progress["stage"])
         time.sleep(0.05)
-    finish(process, tmp_path, "trainer-a")
+    finish_trainer(process, tmp_path, "trainer-a")
     assert stages & {"download", "features", "training", "exporting"}
 
     done = get_job(cloud, job["id"])
@@ -148,7 +133,7 @@ def test_a_trainer_trains_a_queued_job_and_its_bundle_is_deployed(
         assert deployed.status_code == 200, deployed.text
         listed = {f["name"]: f for f in client.get("/api/filters").json()}
         assert listed["anything-here"]["spec"] == {**spec, "version": 1}
-        assert client.get("/api/filters/anything-here/model").content == trained_model(cloud, job["id"])
+        assert client.get("/api/filters/anything-here/model").content == job_model(cloud, job["id"])
         narrowed = json.dumps({**spec, "cameras": ["cam-1"]})  # the operator points it at one camera
         assert client.put("/api/filters/anything-here", data={"spec": narrowed}).status_code == 200
         again = client.post(f"/api/training-jobs/{job['id']}/deploy")  # a new revision, on the camera chosen
@@ -163,23 +148,11 @@ def labelled_span(clip: LabelledDataset) -> list[int]:
     return [labelled[0], labelled[-1] + 1]
 
 
-def trained_model(cloud: CloudServer, job_id: int) -> bytes:
-    """The job's model as the cloud stored it (straight from the database)."""
-    from cloud.db import TrainingJob, make_engine, session_factory
-
-    engine = make_engine(cloud.config.db_url)
-    try:
-        with session_factory(engine)() as session:
-            return session.get(TrainingJob, job_id).onnx
-    finally:
-        engine.dispose()
-
-
 def test_a_trainer_that_dies_mid_job_loses_it_to_the_next(
     cloud: CloudServer, clip: LabelledDataset, base_model: Path, tmp_path: Path
 ) -> None:
     job = queue_job(cloud, "survivor")
-    first = trainer(cloud, base_model, tmp_path, "trainer-dies")
+    first = start_trainer(cloud, TRAINER_TOKEN, base_model, tmp_path, "trainer-dies")
 
     def training() -> bool:
         progress = get_job(cloud, job["id"])["progress"] or {}
@@ -192,8 +165,8 @@ def test_a_trainer_that_dies_mid_job_loses_it_to_the_next(
     running = get_job(cloud, job["id"])
     assert (running["status"], running["attempts"], running["trainer"]) == ("running", 1, "trainer-dies")
 
-    second = trainer(cloud, base_model, tmp_path, "trainer-next")
-    finish(second, tmp_path, "trainer-next")
+    second = start_trainer(cloud, TRAINER_TOKEN, base_model, tmp_path, "trainer-next")
+    finish_trainer(second, tmp_path, "trainer-next")
     done = get_job(cloud, job["id"])
     assert (done["status"], done["attempts"], done["trainer"]) == ("done", 2, "trainer-next")
     assert done["result"]["frames"] == labelled_span(clip) and done["spec"]["name"] == "survivor"

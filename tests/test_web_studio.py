@@ -5,17 +5,15 @@ the page; frames labelled by keyboard and an event region drawn by clicking, che
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from cloud_server import READ_WRITE, REPO, CloudServer, run_cloud
+from cloud_server import READ_WRITE, TRAINER_TIMEOUT, CloudServer, finish_trainer, run_cloud, start_trainer
+from support import signed_in, wait_shown
 
 from models.datasets import LabelledDataset, write_synthetic
 
@@ -30,7 +28,6 @@ FPS = 10.0
 SIZE = (160, 96)  # width, height: small frames, a real clip's aspect ratio
 TRAINER_TOKEN = "studio-test-trainer-token-0987"
 TRAIN_EVENT = "any_object"  # seed 0, 120 frames: positive in 45, two occurrences, so cross-validation runs
-TRAINER_TIMEOUT = 600  # seconds; only keeps a broken trainer from hanging the test
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM}")
 expect.set_options(timeout=15_000)  # the page polls every 2 s
@@ -56,18 +53,10 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def page(browser, cloud: CloudServer) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(cloud.url + "/")
-    page.get_by_label("Bearer token").fill(READ_WRITE)
-    page.get_by_test_id("token-save").click()
-    try:
+    with signed_in(
+        browser, cloud.url, READ_WRITE, viewport={"width": 1400, "height": 1000}, accept_downloads=True
+    ) as page:
         yield page
-    finally:
-        context.close()
-    assert errors == [], errors  # no uncaught exception in the page's scripts
 
 
 def upload(cloud: CloudServer, clip: Path, name: str) -> dict:
@@ -93,18 +82,6 @@ def open_studio(page: Page, name: str, event: str) -> None:
     page.get_by_test_id("studio-event").fill(event)
     page.get_by_test_id("studio-event").press("Enter")
     expect(page.get_by_test_id("save-state")).to_have_text("All labels saved.")
-
-
-def wait_shown(page: Page, frame: int) -> None:
-    """Until the page shows `frame` as the current one, its image loaded."""
-    page.wait_for_function(
-        """frame => {
-            const img = document.getElementById('frame-image');
-            return document.getElementById('stage').dataset.frame === String(frame)
-                && img.dataset.frame === String(frame) && img.complete && img.naturalWidth > 0;
-        }""",
-        arg=frame,
-    )
 
 
 def press_labelling(page: Page, keys: str, start: int) -> float:
@@ -330,16 +307,6 @@ def labelled_clip(tmp_path_factory: pytest.TempPathFactory) -> LabelledDataset:
     return write_synthetic(tmp_path_factory.mktemp("labelled"), n_frames=120, size=SIZE, seed=0)
 
 
-def run_trainer(cloud: CloudServer, base_model: Path, work: Path) -> subprocess.Popen:
-    """`filterforward trainer serve --once`: takes one job, trains it, reports, exits."""
-    work.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "filterforward", "trainer", "serve", "--cloud", cloud.url, "--once"]
-    command += ["--name", "page-trainer", "--work", str(work), "--base-model", str(base_model), "--poll", "0.5"]
-    env = {**os.environ, "FF_TRAINER_TOKEN": TRAINER_TOKEN}
-    with (work / "trainer.log").open("w") as log:
-        return subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
 def test_training_a_filter_and_deploying_it_from_the_page(
     page: Page, cloud: CloudServer, labelled_clip: LabelledDataset, base_model: Path, tmp_path: Path
 ) -> None:
@@ -373,7 +340,7 @@ def test_training_a_filter_and_deploying_it_from_the_page(
     assert (job["event"], job["filter"], job["options"]["steps"]) == (TRAIN_EVENT, "studio-made", 30)
 
     # A real trainer takes the job; the page follows its progress live, then shows the report.
-    trainer = run_trainer(cloud, base_model, tmp_path)
+    trainer = start_trainer(cloud, TRAINER_TOKEN, base_model, tmp_path, "page-trainer")
     shown = set()
     deadline = time.monotonic() + TRAINER_TIMEOUT
     try:
@@ -383,7 +350,7 @@ def test_training_a_filter_and_deploying_it_from_the_page(
     finally:
         if trainer.poll() is None:
             trainer.kill()
-    assert trainer.wait() == 0, (tmp_path / "trainer.log").read_text()
+    finish_trainer(trainer, tmp_path, "page-trainer")
     expect(page.get_by_test_id("job-status")).to_have_text("done")
     print(f"\nthe page showed, while the trainer ran: {sorted(shown)}")
     assert any(re.match(r"(download|features|training|exporting) \d+%$", text or "") for text in shown), shown

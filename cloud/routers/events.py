@@ -41,8 +41,9 @@ NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def _not_a_number(value: object) -> object:
-    """Pydantic would read a bare number as a unix time; the API takes ISO 8601 times only, as documented."""
-    if isinstance(value, str) and NUMBER.fullmatch(value.strip()):
+    """Pydantic would read a number (or a string of one) as a unix time; the API takes ISO 8601 times only, as
+    documented."""
+    if isinstance(value, int | float) or (isinstance(value, str) and NUMBER.fullmatch(value.strip())):
         raise ValueError("use an ISO 8601 time such as 2024-05-01T12:00:00Z, not a number")
     return value
 

@@ -123,6 +123,15 @@ function setStatus(id, text, isError = false) {
   node.classList.toggle("ok", !isError && text !== "");
 }
 
+/** A form's answer: what was done, or (isError) the server's refusal, announced to screen readers. */
+function setMessage(id, text, isError = false) {
+  const node = byId(id);
+  node.textContent = text;
+  node.classList.toggle("error", isError);
+  node.classList.toggle("ok", !isError && text !== "");
+  node.setAttribute("role", isError ? "alert" : "status");
+}
+
 function setConnection(ok) {
   const node = byId("connection");
   node.textContent = ok ? "Connected" : "Server unreachable";
@@ -146,6 +155,14 @@ function onlineDot(online) {
 
 function numCell(field, text) {
   return el("td", { class: "num", "data-field": field }, text);
+}
+
+/** A <select>'s options from [value, text] pairs (`none` when there are none), keeping the chosen one if offered. */
+function setChoices(select, choices, none) {
+  const chosen = select.value;
+  const options = choices.map(([value, text]) => el("option", { value }, text));
+  select.replaceChildren(...(options.length ? options : [el("option", { value: "" }, none)]));
+  if (choices.some(([value]) => value === chosen)) select.value = chosen;
 }
 
 function setOptions(datalist, values) {
@@ -259,14 +276,6 @@ function specFromForm(form) {
   };
 }
 
-function setFormMessage(text, isError) {
-  const node = byId("filter-form-message");
-  node.textContent = text;
-  node.classList.toggle("error", isError);
-  node.classList.toggle("ok", !isError);
-  node.setAttribute("role", isError ? "alert" : "status");
-}
-
 async function registerFilter(event) {
   event.preventDefault();
   const form = event.currentTarget;
@@ -275,15 +284,16 @@ async function registerFilter(event) {
   body.append("spec", JSON.stringify(specFromForm(form)));
   body.append("model", form.elements.model.files[0]);
   submit.disabled = true;
-  setFormMessage("Uploading and checking the model…", false);
+  setMessage("filter-form-message", "Uploading and checking the model…");
   try {
     const created = await api("/api/filters", { method: "POST", body });
-    setFormMessage(`Registered ${created.name} (revision ${created.revision}, ${fmt.bytes(created.model_bytes)}).`, false);
+    const registered = `Registered ${created.name} (revision ${created.revision}, ${fmt.bytes(created.model_bytes)}).`;
+    setMessage("filter-form-message", registered);
     form.elements.name.value = "";
     form.elements.model.value = "";
     await refreshFilters();
   } catch (err) {
-    setFormMessage(`Not registered: ${err.message}`, true);
+    setMessage("filter-form-message", `Not registered: ${err.message}`, true);
   } finally {
     submit.disabled = false;
   }
@@ -485,9 +495,88 @@ function createCard(event) {
       el("h3", {}, el("span", { "data-testid": "event-filter" }, event.filter), badge),
       list,
       clip,
+      feedbackButtons(event),
     ),
   );
   return { card, event, fields, badge, thumbBox, thumb: "none", blobUrl: null };
+}
+
+// ------------------------------------------------------------------------------------------------ feedback
+
+const FEEDBACK = [
+  [0, "Wrong", "event-wrong", "a false alarm: its frames join the filter's dataset, labelled without the event"],
+  [1, "Right", "event-right", "the event happened: its frames join the filter's dataset, labelled with it"],
+];
+
+/** "Wrong" and "Right" on an event card: its frames become labels on its filter's dataset (made in the studio). */
+function feedbackButtons(event) {
+  const message = el("p", { class: "message", role: "status", "data-testid": "event-feedback-message" });
+  const buttons = FEEDBACK.map(([value, text, testId, title]) => {
+    const button = el("button", { type: "button", class: "secondary small", "data-testid": testId, title }, text);
+    button.addEventListener("click", () => markEvent(event.id, value, buttons, message));
+    return button;
+  });
+  return el("div", { class: "event-feedback" }, ...buttons, message);
+}
+
+async function markEvent(eventId, value, buttons, message) {
+  for (const button of buttons) button.disabled = true;
+  message.className = "message";
+  message.textContent = "Adding its frames to the filter's dataset…";
+  try {
+    const given = await api(`/api/events/${eventId}/feedback`, { method: "POST", json: { value } });
+    message.className = "message ok";
+    message.textContent = feedbackAnswered(given, value ? "with" : "without");
+  } catch (err) {
+    message.className = "message error";
+    message.textContent = `Not added: ${err.message}`;
+  } finally {
+    for (const button of buttons) button.disabled = false;
+  }
+}
+
+/** Tells the studio the dataset's new counts (FeedbackOut); what the feedback did, as text. */
+function feedbackAnswered(given, how) {
+  document.dispatchEvent(new CustomEvent("dataset-changed", { detail: given.dataset }));
+  const frames = `${fmt.count(given.labelled)} frame${given.labelled === 1 ? "" : "s"}`;
+  return `${frames} labelled ${how} ${given.event} in dataset ${given.dataset.name} (${fmt.count(given.added)} new).`;
+}
+
+/** The missed-interval form's cameras: "edge/camera" values, as GET /api/cameras lists them. */
+async function loadMissedCameras() {
+  let cameras;
+  try {
+    cameras = await api("/api/cameras");
+  } catch (err) {
+    setMessage("missed-message", `Could not list the cameras: ${err.message}`, true);
+    return;
+  }
+  setChoices(
+    byId("mi-camera"),
+    cameras.map((camera) => [`${camera.edge}/${camera.name}`, `${camera.name} (${camera.edge})`]),
+    "no camera reported",
+  );
+}
+
+async function markMissed(event) {
+  event.preventDefault();
+  const form = event.currentTarget;
+  const submit = form.querySelector("[type=submit]");
+  const [edge, camera] = form.elements.camera.value.split("/");
+  // datetime-local values are the browser's local time; the API takes UTC (the edge's clock)
+  const time = (name) => new Date(form.elements[name].value).toISOString();
+  const filter = form.elements.filter.value.trim();
+  submit.disabled = true;
+  setMessage("missed-message", "Adding the interval's frames to the filter's dataset…", false);
+  try {
+    const body = { edge, camera, start: time("start"), end: time("end") };
+    const given = await api(`/api/filters/${encodeURIComponent(filter)}/missed`, { method: "POST", json: body });
+    setMessage("missed-message", feedbackAnswered(given, "with"));
+  } catch (err) {
+    setMessage("missed-message", `Not added: ${err.message}`, true);
+  } finally {
+    submit.disabled = false;
+  }
 }
 
 /** Updates the text of a card in place; its thumbnail is left alone. */
@@ -674,8 +763,12 @@ function init() {
   });
   eventFilters.addEventListener("reset", () => setTimeout(applyEventQuery, 0)); // values are cleared after the event
   byId("events-older").addEventListener("click", loadOlderEvents);
+  byId("missed-details").addEventListener("toggle", (event) => {
+    if (event.currentTarget.open) loadMissedCameras();
+  });
+  byId("missed-form").addEventListener("submit", markMissed);
   byId("clip-dialog").addEventListener("close", closeClipVideo);
-  loadArchitectures().catch((error) => setFormMessage(error.message, true));
+  loadArchitectures().catch((error) => setMessage("filter-form-message", error.message, true));
   pollNow();
 }
 

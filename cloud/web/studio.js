@@ -1,7 +1,7 @@
 "use strict";
 // The filter studio (docs/studio.md): datasets from edge cameras or uploaded clips, labelling by keyboard, event
-// regions, training jobs and deployment. Plain JS loaded after app.js, whose helpers it uses (api, el, byId,
-// setStatus, fmt, SECTIONS, pollNow, refreshFilters).
+// regions, training jobs and deployment, improving a filter and its revisions. Plain JS loaded after app.js, whose
+// helpers it uses (api, el, byId, setStatus, setMessage, fmt, SECTIONS, pollNow, refreshFilters).
 //
 // Labels are applied on the page at once and sent in small ordered batches (PUT .../labels, debounced): a batch
 // that fails stays first in line and is retried until it is stored, so no label is lost or applied out of order.
@@ -17,6 +17,7 @@ const FRAME_CACHE_SIZE = 200; // frame images kept as blob URLs
 const DATASETS_IDLE_POLLS = 5; // with nothing recording, the list is read again every this many polls (10 s)
 const TRAINING_POLL_MS = 2000;
 const EXAMPLES_SHOWN = 8; // example frames shown per kind (hits, false alarms, misses)
+const UNCERTAIN_SHOWN = 12; // frames to label next shown (the ones a filter is least sure about)
 
 const LABELS = { 1: "event", 0: "not", "-1": "uncertain" };
 const LABEL_BY_KEY = { 1: 1, 0: 0, u: -1, U: -1, x: null, X: null, Delete: null };
@@ -33,14 +34,6 @@ function range(from, to) {
 }
 
 const plural = (count, noun) => `${fmt.count(count)} ${noun}${count === 1 ? "" : "s"}`;
-
-function setMessage(id, text, isError = false) {
-  const node = byId(id);
-  node.textContent = text;
-  node.classList.toggle("error", isError);
-  node.classList.toggle("ok", !isError && text !== "");
-  node.setAttribute("role", isError ? "alert" : "status");
-}
 
 // ------------------------------------------------------------------------------------------------- datasets
 
@@ -163,23 +156,15 @@ async function loadFootageChoices() {
     setMessage("footage-message", `Could not list the edges: ${err.message}`, true);
     return;
   }
-  const chosen = select.value;
-  const options = footageEdges.map((edge) =>
-    el("option", { value: edge.id }, edge.online ? edge.id : `${edge.id} (offline)`),
-  );
-  select.replaceChildren(...(options.length ? options : [el("option", { value: "" }, "no edge has connected")]));
-  if (footageEdges.some((edge) => edge.id === chosen)) select.value = chosen;
+  const choices = footageEdges.map((edge) => [edge.id, edge.online ? edge.id : `${edge.id} (offline)`]);
+  setChoices(select, choices, "no edge has connected");
   fillFootageCameras();
 }
 
 function fillFootageCameras() {
   const edge = footageEdges.find((candidate) => candidate.id === byId("fo-edge").value);
   const cameras = edge ? edge.cameras : [];
-  const select = byId("fo-camera");
-  const chosen = select.value;
-  const options = cameras.map((camera) => el("option", { value: camera }, camera));
-  select.replaceChildren(...(options.length ? options : [el("option", { value: "" }, "no camera")]));
-  if (cameras.includes(chosen)) select.value = chosen;
+  setChoices(byId("fo-camera"), cameras.map((camera) => [camera, camera]), "no camera");
 }
 
 async function requestFootage(event) {
@@ -380,6 +365,9 @@ async function chooseEvent(event) {
   setMessage("region-message", "");
   setMessage("train-message", "");
   byId("training").replaceChildren();
+  byId("revisions").replaceChildren();
+  setMessage("revisions-message", "");
+  training.previous = null;
   stopTrainingPoll();
   renderAll();
   if (!event) {
@@ -681,6 +669,12 @@ function datasetAnswered(dataset) {
   }
 }
 
+/** Feedback from the event gallery (app.js) changed a dataset: its counts, and the labels if it is open. */
+function feedbackGiven(dataset) {
+  datasetAnswered(dataset);
+  if (studio.dataset && studio.dataset.name === dataset.name && studio.event) loadLabels(studio.generation);
+}
+
 /** The open event's labels not stored yet, oldest change first: frame -> value (null: removed). */
 function unsavedLabels() {
   const unsaved = new Map();
@@ -816,6 +810,7 @@ async function downloadLabels() {
 
 const training = {
   job: null, // the TrainingJobOut shown
+  previous: null, // the done job of the same filter before it, whose estimate it is compared with
   timer: null,
 };
 
@@ -836,7 +831,11 @@ async function trainFilter(event) {
   await submitting(form, "train-message", "Saving the last labels, then queueing the job…", async () => {
     await labelsSaved();
     const job = await api("/api/training-jobs", { method: "POST", json: body });
-    if (generation === studio.generation) showTrainingJob(job);
+    if (generation === studio.generation) {
+      training.previous = null;
+      showTrainingJob(job);
+      showRevisions(job.filter);
+    }
     return `Queued job ${job.id}: a trainer takes it next.`;
   });
 }
@@ -868,7 +867,11 @@ async function showLatestTrainingJob(generation) {
   if (generation !== studio.generation || !Array.isArray(jobs)) return;
   const mine = jobs.filter((job) => job.dataset === studio.dataset.name && job.event === studio.event);
   if (!mine.length) return;
-  showTrainingJob(mine.reduce((newest, job) => (job.id > newest.id ? job : newest)));
+  const newest = mine.reduce((latest, job) => (job.id > latest.id ? job : latest));
+  const before = mine.filter((job) => job.filter === newest.filter && job.status === "done" && job.id < newest.id);
+  training.previous = before.length ? before.reduce((latest, job) => (job.id > latest.id ? job : latest)) : null;
+  showTrainingJob(newest);
+  showRevisions(newest.filter);
 }
 
 function showTrainingJob(job) {
@@ -925,11 +928,14 @@ function trainingView(job) {
   return parts;
 }
 
-/** The trainer's report: the estimate with its spread, the warnings, the example frames, and Deploy. */
+const f1 = (value) => (typeof value === "number" ? value.toFixed(2) : "–");
+const jobValidation = (job) => (job.result && job.result.validation) || (job.spec && job.spec.validation) || null;
+
+/** The trainer's report: the estimate with its spread (beside the previous revision's), the warnings, the example
+ * frames, the frames to label next, and Deploy. */
 function resultView(job) {
   const report = job.result || {};
-  const validation = report.validation || (job.spec && job.spec.validation) || null;
-  const f1 = (value) => (typeof value === "number" ? value.toFixed(2) : "–");
+  const validation = jobValidation(job);
   const estimate = validation
     ? `Expected event F1 on new footage: ${f1(validation.event_f1)} ` +
       `(${f1(validation.f1_min)}–${f1(validation.f1_max)} over ${validation.folds} folds), ` +
@@ -948,9 +954,86 @@ function resultView(job) {
     warnings.length
       ? el("ul", { class: "warnings", "data-testid": "job-warnings" }, ...warnings.map((w) => el("li", {}, `⚠ ${w}`)))
       : null,
+    compareView(training.previous, job),
     ...examplesView(report.examples),
+    improveView(job),
     deployView(job),
   ].filter(Boolean);
+}
+
+/** The previous revision's estimate and this one's side by side. */
+function compareView(before, after) {
+  if (!before || before.id === after.id || before.status !== "done") return null;
+  const estimate = (v) => v && `${f1(v.event_f1)} (${f1(v.f1_min)}–${f1(v.f1_max)})`;
+  const frames = (job) => job.result && `${job.result.positives} event / ${job.result.negatives} not`;
+  const rows = [
+    ["f1", "Expected event F1", (job) => estimate(jobValidation(job))],
+    ["precision", "Precision", (job) => jobValidation(job) && f1(jobValidation(job).precision)],
+    ["recall", "Recall", (job) => jobValidation(job) && f1(jobValidation(job).event_recall)],
+    ["frames", "Labelled frames", frames],
+  ];
+  const heads = [before, after].map((job) => el("th", { scope: "col" }, `Job ${job.id}`));
+  return el(
+    "table",
+    { class: "compare", "data-testid": "compare" },
+    el("thead", {}, el("tr", {}, el("td", {}), ...heads)),
+    el(
+      "tbody",
+      {},
+      ...rows.map(([key, label, text]) =>
+        el(
+          "tr",
+          { "data-field": key },
+          el("th", { scope: "row" }, label),
+          ...[before, after].map((job) => el("td", {}, text(job) || "–")),
+        ),
+      ),
+    ),
+  );
+}
+
+/** Improve: the unlabelled frames the filter is least sure about, to label next, and a new revision trained on them. */
+function improveView(job) {
+  const proposed = (job.result && job.result.uncertain) || [];
+  const unlabelled = proposed.filter((example) => !studio.labels.has(example.frame)).slice(0, UNCERTAIN_SHOWN);
+  const smoothing = job.spec && job.spec.smoothing;
+  const closest = smoothing ? ` (scores closest to its threshold ${smoothing.threshold})` : "";
+  const attrs = { type: "button", class: "secondary", "data-testid": "train-revision" };
+  const button = el("button", attrs, "Train new revision");
+  button.addEventListener("click", () => trainRevision(job, button));
+  return el(
+    "div",
+    { class: "improve", "data-testid": "improve" },
+    el("h4", {}, "Improve"),
+    el(
+      "p",
+      { class: "muted" },
+      unlabelled.length
+        ? `Label these next: the frames this filter is least sure about${closest}; click one to label it.`
+        : "No unlabelled frame to propose: mark events in the gallery, or label more footage.",
+    ),
+    el("div", { class: "example-row", "data-testid": "uncertain-frames" }, ...unlabelled.map(exampleThumb)),
+    el("div", { class: "form-actions" }, button),
+  );
+}
+
+/** A new job for the same filter, dataset, event and options, on the labels as they are now. */
+async function trainRevision(job, button) {
+  const generation = studio.generation;
+  const body = { dataset: job.dataset, event: job.event, filter: job.filter, options: job.options };
+  button.disabled = true;
+  setMessage("train-message", "Saving the last labels, then queueing a new revision…");
+  try {
+    await labelsSaved();
+    const next = await api("/api/training-jobs", { method: "POST", json: body });
+    setMessage("train-message", `Queued job ${next.id}, a new revision of ${job.filter}: a trainer takes it next.`);
+    if (generation !== studio.generation) return;
+    training.previous = job;
+    showTrainingJob(next);
+  } catch (err) {
+    setMessage("train-message", `Not done: ${err.message}`, true);
+    button.disabled = false;
+  }
 }
 
 const EXAMPLE_KINDS = [
@@ -1019,11 +1102,70 @@ async function deployJob(job, button, message) {
     message.className = "message ok";
     message.textContent = `Deployed as filter ${job.filter}${revision}: the edges take it within seconds.`;
     filtersSignature = "";
+    showRevisions(job.filter);
     await refreshFilters();
   } catch (err) {
     message.className = "message error";
     message.textContent = `Not deployed: ${err.message}`;
   } finally {
+    button.disabled = false;
+  }
+}
+
+// -------------------------------------------------------------------------------------------------- revisions
+
+/** The filter's revisions (its deployed jobs, newest first), each but the current one with "Roll back to this". */
+async function showRevisions(filter) {
+  const generation = studio.generation;
+  let revisions;
+  try {
+    revisions = await api(`/api/filters/${encodeURIComponent(filter)}/revisions`);
+  } catch {
+    revisions = []; // a filter not deployed yet
+  }
+  if (generation !== studio.generation) return;
+  const box = byId("revisions");
+  if (!revisions.length) {
+    box.replaceChildren();
+    return;
+  }
+  box.replaceChildren(
+    el("h3", {}, `Revisions of ${filter}`),
+    el("ol", { class: "revision-list" }, ...revisions.map((revision) => revisionItem(filter, revision))),
+  );
+}
+
+function revisionItem(filter, revision) {
+  const v = revision.validation;
+  const estimate = v ? `F1 ${f1(v.event_f1)} (${f1(v.f1_min)}–${f1(v.f1_max)})` : "no estimate";
+  const frames = ` · ${revision.positives} event / ${revision.negatives} not`;
+  let action;
+  if (revision.current) {
+    action = el("span", { class: "badge job-done", "data-testid": "revision-current" }, "current");
+  } else {
+    const attrs = { type: "button", class: "secondary small", "data-testid": "revision-rollback" };
+    action = el("button", attrs, "Roll back to this");
+    action.addEventListener("click", () => rollBack(filter, revision, action));
+  }
+  const title = `trained on ${revision.dataset} / ${revision.event}`;
+  return el(
+    "li",
+    { "data-testid": "revision", "data-job": revision.job, title },
+    `Job ${revision.job} · ${estimate}${frames} · ${fmt.time(revision.finished_at)} `,
+    action,
+  );
+}
+
+async function rollBack(filter, revision, button) {
+  button.disabled = true;
+  setMessage("revisions-message", `Putting job ${revision.job}'s model back…`);
+  try {
+    await api(`/api/training-jobs/${revision.job}/deploy`, { method: "POST" });
+    setMessage("revisions-message", `Rolled ${filter} back to job ${revision.job}: the edges take it within seconds.`);
+    filtersSignature = "";
+    await Promise.all([showRevisions(filter), refreshFilters()]);
+  } catch (err) {
+    setMessage("revisions-message", `Not rolled back: ${err.message}`, true);
     button.disabled = false;
   }
 }
@@ -1055,6 +1197,7 @@ function initStudio() {
   byId("region-clear").addEventListener("click", clearRegion);
   byId("labels-csv").addEventListener("click", downloadLabels);
   byId("train-form").addEventListener("submit", trainFilter);
+  document.addEventListener("dataset-changed", (event) => feedbackGiven(event.detail));
   document.addEventListener("keydown", onStudioKey);
   window.addEventListener("beforeunload", (event) => {
     if (!outbox.batches.length) return;

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from common.health import HealthServer
 from models.errors import FilterForwardError
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ DEFAULT_TOKEN_ENV = "FF_TRAINER_TOKEN"
 HEARTBEAT = 10.0  # seconds between progress reports at most (a third of the lease when that is shorter)
 RESULT_TRIES = 5  # posting the result through a cloud restart: the training is not thrown away lightly
 EXAMPLES = 6  # example frames of each kind in a report
+TO_LABEL = 20  # unlabelled frames a report proposes to label next
+HEALTH_SILENCE = 60.0  # seconds without an answer from the cloud after which --health-port reports unhealthy
 # The job's share of the whole, per stage: (start, end) of `fraction`.
 STAGES = {"download": (0.0, 0.05), "features": (0.05, 0.25), "training": (0.25, 0.9), "exporting": (0.9, 1.0)}
 TRAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}")  # as the cloud's API takes it
@@ -88,6 +91,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--base-model", type=Path, help="base ONNX model with named taps (default: EfficientNet-Lite0)"
     )
     serve_parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: MCs are tiny)")
+    serve_parser.add_argument(
+        "--health-port",
+        type=int,
+        help="serve GET /healthz on this port: 200 while the cloud answered within the last "
+        f"max({HEALTH_SILENCE:g} s, 3 polls), else 503 (for container health checks; default: none)",
+    )
     serve_parser.set_defaults(func=serve)
 
 
@@ -110,6 +119,8 @@ def serve(args: argparse.Namespace) -> int:
     _clear(work)
     signal.signal(signal.SIGTERM, _terminate)
     log.info("trainer %s taking jobs from %s (work folder %s)", name, cloud.url, work)
+    if args.health_port is not None:
+        HealthServer("0.0.0.0", args.health_port, partial(cloud.silence, max(HEALTH_SILENCE, 3 * args.poll)))
     while True:
         job = _claim(cloud, name, args.once)
         if job is None:
@@ -129,10 +140,11 @@ def _clear(work: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    """SIGTERM (docker stop): unwind, so the job's folder is removed; its lease runs out and the next trainer takes
-    the job."""
-    raise SystemExit(128 + signum)
+def _terminate(_signum: int, _frame: object) -> None:
+    """SIGTERM (docker stop) is an orderly stop, status 0: unwind, so a job's folder is removed; its lease runs out
+    and the next trainer takes the job."""
+    log.info("stopping (SIGTERM); a job in progress goes back to the queue when its lease runs out")
+    raise SystemExit(0)
 
 
 def default_trainer_name() -> str:
@@ -396,7 +408,7 @@ def train_job(
     config = job_config(job, dataset, threads)
     arch, nproc = options.get("arch", AUTO), int(options.get("nproc", 1))
     trained = _train(dataset, config, arch, nproc, out, reporter, base_model)
-    report = make_report(trained, examples_of(trained, base_model))
+    report = make_report(trained, examples_of(trained, base_model), uncertain_frames(trained, dataset, base_model))
     return trained.result.bundle / "spec.json", report
 
 
@@ -449,10 +461,11 @@ def _train(
     from models.model_selection import CANDIDATES, CandidateEstimate, choose_kind
     from models.training import cross_validate, finish_training, fit_mc, load_training_data
 
-    reporter.update("features", 0.0, f"base-DNN features of frames {config.frames[0]}:{config.frames[1]}")
+    # Every frame, not only the labelled ones: the trained filter scores the unlabelled ones (the frames to label next).
+    reporter.update("features", 0.0, f"base-DNN features of the {dataset.n_frames} frames")
     taps = [tap for _, tap in CANDIDATES] if arch == AUTO else [config.tap_name]
-    cached_features(dataset, [FeatureRequest(t, config.roi) for t in taps], config.input_size, config.frames,
-                    base_model, progress=False)  # fmt: skip
+    cached_features(dataset, [FeatureRequest(t, config.roi) for t in taps], config.input_size, None, base_model,
+                    progress=False)  # fmt: skip
     reporter.update(
         "training", 0.0, "cross-validating" if arch == AUTO or nproc == 1 else f"training on {nproc} processes"
     )
@@ -479,7 +492,7 @@ def _train(
 # -- the report ------------------------------------------------------------------------------------------------
 
 
-def make_report(trained: Trained, examples: dict[str, Any]) -> dict[str, Any]:
+def make_report(trained: Trained, examples: dict[str, Any], uncertain: list[dict[str, Any]]) -> dict[str, Any]:
     """The report the cloud stores with the job (cloud.schemas.TrainingReport)."""
     result, spec = trained.result, trained.result.spec
     validation = spec.validation
@@ -509,6 +522,7 @@ def make_report(trained: Trained, examples: dict[str, Any]) -> dict[str, Any]:
             for c in trained.candidates
         ],
         "examples": examples,
+        "uncertain": uncertain,
         "seconds": 0.0,
     }
 
@@ -522,8 +536,29 @@ def examples_of(trained: Trained, base_model: Path | None) -> dict[str, Any]:
         frames = np.sort(np.concatenate([fold.held_out for fold in trained.validation.plan.folds]))
         return example_frames(frames, trained.validation.scores[frames], labels, smoothing, "cross-validation")
     frames = np.arange(*data.span)
-    scores = onnx_scores((trained.result.bundle / "model.onnx").read_bytes(), data, frames, trained.config.context)
+    scores = onnx_scores(_model(trained), data.features, data.first, frames, trained.config.context)
     return example_frames(frames, scores, labels, smoothing, "training frames")
+
+
+def uncertain_frames(trained: Trained, dataset: LabelledDataset, base_model: Path | None) -> list[dict[str, Any]]:
+    """The unlabelled frames the filter is least sure about: scored by it (on every frame's features, computed before
+    training), the TO_LABEL closest to its threshold, closest first."""
+    from models.datasets.labelled import UNCERTAIN
+    from models.features import FeatureRequest, cached_features
+
+    config = trained.config
+    frames = np.flatnonzero(dataset.labels[config.event] == UNCERTAIN)  # no label, or labelled uncertain
+    if not frames.size:
+        return []
+    request = FeatureRequest(config.tap_name, config.roi)
+    features = cached_features(dataset, [request], config.input_size, None, base_model, progress=False)[request]
+    scores = onnx_scores(_model(trained), features, 0, frames, config.context)
+    closest = np.argsort(np.abs(scores - trained.result.spec.smoothing.threshold), kind="stable")[:TO_LABEL]
+    return [{"frame": int(frames[i]), "score": round(float(np.clip(scores[i], 0.0, 1.0)), 4)} for i in closest]
+
+
+def _model(trained: Trained) -> bytes:
+    return (trained.result.bundle / "model.onnx").read_bytes()
 
 
 def example_frames(frames: np.ndarray, scores: np.ndarray, labels: np.ndarray, smoothing: Any, source: str) -> dict:
@@ -566,16 +601,16 @@ def _telling(frames: np.ndarray, scores: np.ndarray, sign: int) -> list[dict[str
     return [{"frame": int(frames[i]), "score": round(float(np.clip(scores[i], 0.0, 1.0)), 4)} for i in picks]
 
 
-def onnx_scores(onnx_bytes: bytes, data: TrainingData, frames: np.ndarray, context: int) -> np.ndarray:
-    """The exported MC's scores on the given frames of the training data, as the edge computes them (a windowed
-    MC frame by frame with its history, from the first frame the data holds)."""
+def onnx_scores(onnx_bytes: bytes, features: np.ndarray, first: int, frames: np.ndarray, context: int) -> np.ndarray:
+    """The exported MC's scores on the given frames (ascending), from the features of frames `first`.., as the edge
+    computes them (a windowed MC frame by frame with its history, from frame `first`)."""
     import onnxruntime as ort
 
     from models.bundle import FEATURES_INPUT, HISTORY_INPUT, REDUCED_OUTPUT, SCORE_OUTPUT
 
     session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
     if context == 1:
-        rows = np.asarray(data.features[frames - data.first], dtype=np.float32)
+        rows = np.asarray(features[frames - first], dtype=np.float32)
         return np.concatenate(
             [
                 session.run([SCORE_OUTPUT], {FEATURES_INPUT: chunk})[0]
@@ -583,10 +618,10 @@ def onnx_scores(onnx_bytes: bytes, data: TrainingData, frames: np.ndarray, conte
             ]
         )
     shape = next(i for i in session.get_inputs() if i.name == HISTORY_INPUT).shape
-    history = np.zeros((1, shape[1], *data.features.shape[2:]), np.float32)
+    history = np.zeros((1, shape[1], *features.shape[2:]), np.float32)
     scores = {}
-    for frame in range(data.first, int(frames[-1]) + 1):
-        crop = np.asarray(data.features[frame - data.first : frame - data.first + 1], dtype=np.float32)
+    for frame in range(first, int(frames[-1]) + 1):
+        crop = np.asarray(features[frame - first : frame - first + 1], dtype=np.float32)
         score, reduced = session.run([SCORE_OUTPUT, REDUCED_OUTPUT], {FEATURES_INPUT: crop, HISTORY_INPUT: history})
         history = np.concatenate([history[:, reduced.shape[1] :], reduced], axis=1)
         scores[frame] = float(score[0])
@@ -615,6 +650,12 @@ class Cloud:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = timeout
+        self._answered = time.monotonic()  # when the cloud last answered (a refusal is an answer too)
+
+    def silence(self, limit: float) -> str | None:
+        """Why this trainer is unhealthy, or None: the cloud has not answered for over `limit` seconds."""
+        silent = time.monotonic() - self._answered
+        return f"no answer from the cloud at {self.url} for {silent:.0f} s" if silent > limit else None
 
     def call(
         self,
@@ -648,12 +689,14 @@ class Cloud:
         try:
             response = urllib.request.urlopen(request, timeout=self._timeout)
         except urllib.error.HTTPError as exc:
+            self._answered = time.monotonic()
             raise CloudError(exc.code, f"{what}: {exc.code} {_detail(exc)}") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CloudUnreachable(
                 f"cannot reach the cloud ({what}: {reason}): check --cloud and that it is up"
             ) from None
+        self._answered = time.monotonic()
         with response:
             yield response
 

@@ -1,5 +1,5 @@
-"""Datasets made in the cloud (footage from edge cameras, uploaded clips), their labels, and training jobs for the
-trainer service.
+"""Datasets made in the cloud (footage from edge cameras, uploaded clips, stored frames given as feedback), their
+labels, and training jobs for the trainer service.
 
 Revision ID: 0004
 Revises: 0003
@@ -49,8 +49,13 @@ def upgrade() -> None:
         sa.Column("number", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("camera_frame", sa.BigInteger(), nullable=False),
         sa.Column("timestamp", sa.Float(), nullable=False),
+        sa.Column("source_frame_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=True),
         sa.ForeignKeyConstraint(["dataset"], ["datasets.name"], ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(
+            ["source_frame_id"], ["frames.id"], name="fk_dataset_frames_source_frame_id", ondelete="SET NULL"
+        ),
         sa.PrimaryKeyConstraint("dataset", "number"),
+        sa.UniqueConstraint("source_frame_id", "dataset", name="uq_dataset_frames_source"),
     )
     op.create_table(
         "labels",
