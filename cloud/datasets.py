@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 
 JPEG_QUALITY = 90
 MAX_UPLOAD_FRAMES = 20_000  # frames an uploaded clip may add: a bigger one is refused, not cut short silently
+# JPEG start-of-frame markers (baseline, progressive, ...: all but DHT 0xC4, JPG 0xC8 and DAC 0xCC): width, height
+SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
 
 class DatasetError(RegistryError):
@@ -54,6 +57,11 @@ class SourceFrame:
     camera_frame: int
     timestamp: float
     jpeg: bytes
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height) of its image."""
+        return image_size(self.jpeg)
 
 
 class Datasets:
@@ -202,9 +210,10 @@ class Datasets:
             )
         self.refresh(name)
 
-    def append(self, name: str, event: str, value: int, frames: Sequence[SourceFrame]) -> int:
+    def append(self, name: str, event: str, value: int, frames: Sequence[SourceFrame], whose: str) -> int:
         """Copies stored frames into the dataset, numbered after its last frame (a frame it holds already, by its
-        source, is not copied again), and labels every one of them `value` for `event`; how many were new."""
+        source, is not copied again), and labels every one of them `value` for `event`; how many were new. Frames of
+        another size than the dataset's (`whose`: which frames, for the refusal) are refused: none is added."""
         _check_event(event)
         written: list[int] = []
         try:
@@ -217,6 +226,10 @@ class Datasets:
                     raise DatasetError(
                         409, f"dataset {name!r} is still {dataset.status} footage: give feedback once it is complete"
                     )
+                sizes = [frame.size for frame in frames]
+                _check_size(dataset, sizes, whose)
+                if sizes and dataset.width is None:  # it had no frame yet: the first one sets its size
+                    dataset.width, dataset.height = sizes[0]
                 held = dict(
                     session.execute(
                         select(DatasetFrame.source_frame_id, DatasetFrame.number).where(
@@ -252,6 +265,12 @@ class Datasets:
             raise
         self.refresh(name)
         return len(written)
+
+    def check_size(self, name: str, sizes: Sequence[tuple[int, int]], whose: str) -> None:
+        """Refuses images of another size than the dataset's (the first one's when it has none yet), as append does:
+        a request that appends in several parts checks all of them first."""
+        with self._sessions() as session:
+            _check_size(self.get(session, name), sizes, whose)
 
     def set_region(self, name: str, event: str, polygon: list[tuple[float, float]] | None) -> None:
         _check_event(event)
@@ -367,6 +386,39 @@ def _requested(session: Session, request: str, edge: str, lock: bool = False) ->
 def _check_event(event: str) -> None:
     if event in (FRAME_INDEX, CAMERA_FRAME):
         raise DatasetError(422, f"{event!r} is a column of labels.csv itself, not an event: name the event otherwise")
+
+
+def _check_size(dataset: Dataset, sizes: Sequence[tuple[int, int]], whose: str) -> None:
+    """An image folder of mixed sizes cannot be trained on: a frame an edge uploaded as its region of interest only
+    (`upload: {crop: roi}`) or scaled down is refused. A dataset without frames yet takes the first one's size."""
+    if not sizes:
+        return
+    expected = sizes[0] if dataset.width is None or dataset.height is None else (dataset.width, dataset.height)
+    if other := next((size for size in sizes if size != expected), None):
+        raise DatasetError(
+            422,
+            f"{whose} are a cropped or scaled upload ({other[0]}x{other[1]}), not the dataset's "
+            f"{expected[0]}x{expected[1]} frames: label footage of the camera instead",
+        )
+
+
+def image_size(jpeg: bytes) -> tuple[int, int]:
+    """(width, height) of a JPEG, read from its frame header without decoding it (decoded when the header is not
+    found); (0, 0) for an image that does not decode."""
+    at = 2 if jpeg[:2] == b"\xff\xd8" else len(jpeg)
+    while at + 9 <= len(jpeg) and jpeg[at] == 0xFF:
+        marker = jpeg[at + 1]
+        if marker in SOF_MARKERS:
+            height, width = struct.unpack_from(">HH", jpeg, at + 5)
+            return width, height
+        if marker == 0xFF:  # a fill byte
+            at += 1
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD7:  # markers without a length
+            at += 2
+        else:
+            at += 2 + struct.unpack_from(">H", jpeg, at + 2)[0]
+    image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_GRAYSCALE) if jpeg else None
+    return (0, 0) if image is None else (image.shape[1], image.shape[0])
 
 
 def _jpeg(image: np.ndarray) -> bytes:

@@ -5,7 +5,8 @@ revision trained on it learns from them.
 The frames are the cloud's stored (matched) frames, copied into the dataset with their JPEG (decoded from their stream
 fragment when they came in one, as GET /api/frames/{id}.jpg does) and remembered by their row, so a frame is copied
 once however often it is marked. A camera frame several filters matched is stored once per filter: it counts as one
-frame, its first stored row with an image.
+frame, its first stored row with an image. Frames of another size than the dataset's (an edge uploading only its
+region of interest, `upload: {crop: roi}`) are refused: an image folder of mixed sizes cannot be trained on.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Feedback:
             raise DatasetError(
                 409, f"event {event_id} has no stored frame with an image (sent without, or removed): mark another"
             )
-        return self._give(dataset, label, value, ids)
+        return self._give(dataset, label, value, ids, f"frames of event {event_id}")
 
     def missed(self, filter_name: str, edge: str, camera: str, start: datetime, end: datetime) -> Given:
         """Every stored frame with an image of the camera in [start, end) of the edge's clock, whichever filter sent
@@ -99,15 +100,20 @@ class Feedback:
             raise DatasetError(
                 422, f"the interval holds over {MAX_FRAMES} stored frames of camera {camera!r}: mark a shorter one"
             )
-        return self._give(dataset, label, value=1, ids=ids)
+        return self._give(dataset, label, value=1, ids=ids, whose=f"frames of camera {camera!r} in that interval")
 
-    def _give(self, dataset: str, event: str, value: int, ids: list[int]) -> Given:
+    def _give(self, dataset: str, event: str, value: int, ids: list[int], whose: str) -> Given:
         """The frames into the dataset, a chunk at a time (each its own transaction: a retry after a failure adds
-        only what is missing)."""
+        only what is missing). Frames of another size than the dataset's (a cropped upload) are refused, all or
+        nothing: with several chunks, every image's size is checked before the first chunk is added."""
+        chunks = [ids[start : start + CHUNK] for start in range(0, len(ids), CHUNK)]
+        if len(chunks) > 1:  # (one chunk: append checks it)
+            sizes = [frame.size for chunk in chunks for frame in self._read(chunk)]
+            self._datasets.check_size(dataset, sizes, whose)
         added = labelled = 0
-        for start in range(0, len(ids), CHUNK):
-            frames = self._read(ids[start : start + CHUNK])
-            added += self._datasets.append(dataset, event, value, frames)
+        for chunk in chunks:
+            frames = self._read(chunk)
+            added += self._datasets.append(dataset, event, value, frames, whose)
             labelled += len(frames)
         if not labelled:
             raise DatasetError(409, "the frames' images have been removed (retention): mark newer frames")

@@ -1,13 +1,15 @@
 """Feedback on a filter made in the studio, over REST (docs/studio.md, "Feedback and revisions"), against a real
 `filterforward cloud serve` process and real `filterforward trainer serve --once` processes: events marked wrong or
 right and an interval the filter missed become labelled frames of its dataset (each stored frame once), a filter
-registered by hand is refused, a new revision is trained on the feedback and proposes unlabelled frames to label next,
-and the filter rolls back to its first revision."""
+registered by hand is refused, frames of another size than the dataset's (a cropped upload) are refused, a new
+revision is trained on the feedback and proposes unlabelled frames to label next, and the filter rolls back to its
+first revision."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,8 @@ EVENTS = {  # edge event id: (filter, first camera frame, the clip frames its st
     "ev-hand": ("by-hand", 300, range(0, 2)),
 }
 MISSED = (204, range(44, 48))  # camera frames 204.. another filter matched: the object, missed by FILTER
+CROPPED = 540  # camera frames 540.. of ev-crop, some of them cropped (sent by the test that refuses them)
+CHUNKED_FROM, CHUNKED = 600, 101  # camera frames 600..700 another filter matched: over cloud.feedback.CHUNK
 TOKENS = [
     {"name": "operator", "token": READ_WRITE, "scopes": ["read", "write"]},
     {"name": "viewer", "token": READ_ONLY, "scopes": ["read"]},
@@ -74,40 +78,60 @@ def store_edge_messages(server: CloudServer, clip: LabelledDataset) -> None:
     """What an edge would have sent, stored as the ingest stores it: the events with their frames (JPEGs of the
     clip's frames), and frames another filter matched, among them the frames of ev-right again (without an image:
     they share the one sent first)."""
-    from cloud.db import make_engine, session_factory
-    from cloud.framestore import FrameStore
-    from cloud.storage import Storage
-    from common.protocol import EventHeader, EventInfo, FrameHeader, Hello
+    from common.protocol import Hello
 
     images = {index: jpeg(image) for index, image in clip.frames()}
-    engine = make_engine(server.config.db_url)
-    storage = Storage(session_factory(engine), FrameStore(server.config.data_dir / "frames"))
-    storage.edge_hello(EDGE, Hello(edge=EDGE, run=RUN, cameras=[CAMERA]), None)
-    seq = 0
+    with edge_messages(server, seq=0) as edge:
+        edge.storage.edge_hello(EDGE, Hello(edge=EDGE, run=RUN, cameras=[CAMERA]), None)
+        for event_id, (filter_name, first, shows) in EVENTS.items():
+            edge.event(event_id, filter_name, first)
+            for offset, image in enumerate(shows):
+                edge.frame(first + offset, {filter_name: 0.9}, [event_id], images[image])
+        for index in range(EVENTS["ev-right"][1], MISSED[0]):
+            edge.frame(index, {"other": 0.8}, [], None)
+        for offset, image in enumerate(MISSED[1]):
+            edge.frame(MISSED[0] + offset, {"other": 0.8}, [], images[image])
 
-    def frame(index: int, scores: dict[str, float], events: list[str], image: int | None) -> None:
-        nonlocal seq
-        seq += 1
-        header = FrameHeader(
-            edge=EDGE, run=RUN, seq=seq, camera=CAMERA, frame=index, timestamp=index / 15, wall_time=wall(index),
-            scores=scores, events=events, payload="none" if image is None else "jpeg",
-        )  # fmt: skip
-        storage.store_frame(EDGE, header, b"" if image is None else images[image])
 
-    for event_id, (filter_name, first, shows) in EVENTS.items():
-        seq += 1
+class EdgeMessages:
+    """Messages of the edge stored through cloud.storage.Storage (the ingest's storage), numbered on from `seq`."""
+
+    def __init__(self, storage: Any, seq: int) -> None:
+        self.storage = storage
+        self.seq = seq
+
+    def event(self, event_id: str, filter_name: str, first: int) -> None:
+        from common.protocol import EventHeader, EventInfo
+
+        self.seq += 1
         info = EventInfo(
             id=event_id, filter=filter_name, camera=CAMERA, start_frame=first, start_time=first / 15, peak_score=0.9
         )
-        storage.store_event(EDGE, EventHeader(edge=EDGE, run=RUN, seq=seq, phase="start", wall_time=wall(first),
-                                              event=info), b"")  # fmt: skip
-        for offset, image in enumerate(shows):
-            frame(first + offset, {filter_name: 0.9}, [event_id], image)
-    for index in range(EVENTS["ev-right"][1], MISSED[0]):
-        frame(index, {"other": 0.8}, [], None)
-    for offset, image in enumerate(MISSED[1]):
-        frame(MISSED[0] + offset, {"other": 0.8}, [], image)
-    engine.dispose()
+        header = EventHeader(edge=EDGE, run=RUN, seq=self.seq, phase="start", wall_time=wall(first), event=info)
+        self.storage.store_event(EDGE, header, b"")
+
+    def frame(self, index: int, scores: dict[str, float], events: list[str], image: bytes | None) -> None:
+        from common.protocol import FrameHeader
+
+        self.seq += 1
+        header = FrameHeader(
+            edge=EDGE, run=RUN, seq=self.seq, camera=CAMERA, frame=index, timestamp=index / 15, wall_time=wall(index),
+            scores=scores, events=events, payload="none" if image is None else "jpeg",
+        )  # fmt: skip
+        self.storage.store_frame(EDGE, header, b"" if image is None else image)
+
+
+@contextmanager
+def edge_messages(server: CloudServer, seq: int) -> Iterator[EdgeMessages]:
+    from cloud.db import make_engine, session_factory
+    from cloud.framestore import FrameStore
+    from cloud.storage import Storage
+
+    engine = make_engine(server.config.db_url)
+    try:
+        yield EdgeMessages(Storage(session_factory(engine), FrameStore(server.config.data_dir / "frames")), seq)
+    finally:
+        engine.dispose()
 
 
 def jpeg(image: np.ndarray) -> bytes:
@@ -261,6 +285,45 @@ def test_feedback_that_cannot_be_taken_is_refused_in_one_line(cloud: CloudServer
         assert answer.status_code == status, (body, answer.text)
         assert detail in answer.json()["detail"] and "\n" not in answer.json()["detail"], (body, answer.text)
     assert rest(cloud, "GET", f"/api/datasets/{DATASET}").json() == before
+
+
+def test_frames_of_another_size_than_the_datasets_are_refused(
+    cloud: CloudServer, clip: LabelledDataset, first_job: dict[str, Any]
+) -> None:
+    """An edge uploading only its region of interest (`upload: {crop: roi}`) sends smaller JPEGs: an image folder of
+    mixed sizes cannot be trained on, so feedback with them is refused, and nothing of the request is added."""
+    images = [jpeg(image) for _, image in clip.frames(40, 44)]
+    roi = [jpeg(image[24:72, 40:120]) for _, image in clip.frames(44, 46)]  # 80x48 of the 160x96 frames
+    with edge_messages(cloud, seq=10_000) as edge:
+        edge.event("ev-crop", FILTER, CROPPED)  # two whole frames, then two of the region of interest only
+        for offset, image in enumerate(images[:2] + roi):
+            edge.frame(CROPPED + offset, {FILTER: 0.9}, ["ev-crop"], image)
+        for offset in range(CHUNKED - 1):  # more frames than feedback adds at a time, the last one cropped
+            edge.frame(CHUNKED_FROM + offset, {"other": 0.8}, [], images[offset % len(images)])
+        edge.frame(CHUNKED_FROM + CHUNKED - 1, {"other": 0.8}, [], roi[0])
+    before, labelled = rest(cloud, "GET", f"/api/datasets/{DATASET}").json(), labels(cloud)
+    assert (before["width"], before["height"]) == (160, 96)
+    cropped = event_id(cloud, "ev-crop")
+    why = "are a cropped or scaled upload (80x48), not the dataset's 160x96 frames: label footage of the camera instead"
+    cases = [
+        (f"/api/events/{cropped}/feedback", {"value": 1}, f"frames of event {cropped} {why}"),
+        (f"/api/events/{cropped}/feedback", {"value": 1, "frames": frame_ids(cloud, cropped)[1:3]},
+         f"frames of event {cropped} {why}"),
+        (f"/api/filters/{FILTER}/missed",
+         {"edge": EDGE, "camera": CAMERA, "start": iso(CHUNKED_FROM), "end": iso(CHUNKED_FROM + CHUNKED)},
+         f"frames of camera {CAMERA!r} in that interval {why}"),
+    ]  # fmt: skip
+    for path, body, detail in cases:
+        answer = rest(cloud, "POST", path, json=body)
+        assert (answer.status_code, answer.json()["detail"]) == (422, detail), body
+    assert rest(cloud, "GET", f"/api/datasets/{DATASET}").json() == before
+    assert labels(cloud) == labelled
+
+    # The event's whole frames alone are taken.
+    whole = frame_ids(cloud, cropped)[:2]
+    answer = rest(cloud, "POST", f"/api/events/{cropped}/feedback", json={"value": 1, "frames": whole})
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["added"], answer.json()["dataset"]["frames"]) == (2, before["frames"] + 2)
 
 
 def test_a_new_revision_is_trained_on_the_feedback_and_the_first_one_rolled_back_to(

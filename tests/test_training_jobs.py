@@ -262,3 +262,24 @@ def test_bad_jobs_are_refused_in_one_line(cloud: CloudServer) -> None:
         assert client.post("/api/training-jobs", json=job).status_code == 403  # trainers do not queue jobs
         progress = {"trainer": "t", "stage": "training", "fraction": 0}
         assert client.post("/api/training-jobs/999/progress", json=progress).status_code == 404
+
+
+def test_a_job_trains_on_two_processes_with_a_compressed_optimizer(
+    cloud: CloudServer, clip: LabelledDataset, base_model: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """`--nproc` and the compressed optimizers work through the trainer as in the CLI: torchrun, two gloo workers,
+    1-bit Adam, a single kind (the default's cross-validation runs in one process)."""
+    if "postgresql" in request.node.callspec.id:
+        pytest.skip("the database plays no part in how the trainer trains: SQLite covers it")
+    options = {"arch": "full_frame", "nproc": 2, "optimizer": "onebit_adam", "steps": 30}
+    job = queue_job(cloud, "two-workers", options=options)
+    process = start_trainer(cloud, TRAINER_TOKEN, base_model, tmp_path, "trainer-2p")
+    messages = set()
+    while process.poll() is None:  # the page's view of it: the training stage names the processes
+        messages.add((get_job(cloud, job["id"])["progress"] or {}).get("message"))
+        time.sleep(0.05)
+    finish_trainer(process, tmp_path, "trainer-2p")
+    done = get_job(cloud, job["id"])
+    assert done["status"] == "done", done["error"]
+    assert (done["spec"]["architecture"], done["result"]["steps"]) == ("full_frame", 30)
+    assert "training on 2 processes" in messages, messages

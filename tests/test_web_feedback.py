@@ -1,22 +1,22 @@
 """Feedback and revisions in the web page (docs/studio.md, "Feedback and revisions"), in real headless Chromium against
-a real `filterforward cloud serve` process: an event marked wrong from the gallery and an interval marked missed
-become labelled frames of the filter's dataset; the studio proposes the frames to label next, trains a new revision,
-shows the two estimates side by side, and rolls the filter back from its revisions list. Each training job is
-finished by this test over the trainers' REST calls (claim, result), with a made-up estimate: the real trainer is
-tested in test_feedback.py."""
+a real `filterforward cloud serve` process and real `filterforward trainer serve --once` processes: an event marked
+wrong from the gallery and an interval marked missed become labelled frames of the filter's dataset; the studio
+proposes the frames the trained filter is least sure about, trains a new revision, shows the two estimates side by
+side, and rolls the filter back from its revisions list. What the page shows is read from the jobs the trainer
+finished (GET /api/training-jobs/{id})."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
 import cv2
 import pytest
-from cloud_server import READ_WRITE, CloudServer, run_cloud
-from support import signed_in
+from cloud_server import READ_WRITE, CloudServer, finish_trainer, job_model, run_cloud, start_trainer
+from support import signed_in, wait_shown
 
 from models.datasets import LabelledDataset, write_synthetic
 
@@ -29,9 +29,12 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {
 expect.set_options(timeout=15_000)  # the page polls every 2 s
 
 TRAINER_TOKEN = "feedback-page-trainer-token-1357"
-SIZE = (160, 96)
+SIZE = (160, 96)  # small frames: the trainer's input size follows them
+STEPS = 30  # a short training (the job option); the page's new revision takes the same options
 DATASET, EVENT, FILTER = "porch", "any_object", "porch-object"
 UNLABELLED = range(70, 100)  # frames left without a label: the ones a filter proposes to label next
+UNCERTAIN_SHOWN = 12  # the frames to label next the page shows at most (studio.js)
+KEYS = {1: "1", 0: "0", -1: "u"}  # the studio's key for a label
 EDGE, RUN, CAMERA = "edge-1", "run-1", "cam-1"
 WALL = 1.75e9  # the edge's clock at camera frame 0 (15 fps)
 
@@ -98,27 +101,54 @@ def rest(cloud: CloudServer, method: str, path: str, **kwargs: Any) -> Any:
         return client.request(method, path, **kwargs)
 
 
-def finish_job(cloud: CloudServer, make_filter: Any, f1: float, bias: float | None) -> tuple[int, bytes]:
-    """What a trainer does with the next job, over its REST calls: a bundle (an MC with random weights, or a
-    constant one) with a made-up estimate, proposing unlabelled frames to label next; the job's id and model."""
-    counts = rest(cloud, "GET", f"/api/datasets/{DATASET}").json()["events"][EVENT]
-    validation = {"event_f1": f1, "f1_min": f1 - 0.1, "f1_max": f1 + 0.1, "precision": f1, "event_recall": f1,
-                  "folds": 2, "occurrences": 2, "method": "occurrences"}  # fmt: skip
-    spec, onnx = make_filter("full_frame", "late", SIZE, name=FILTER, event=EVENT, bias=bias, validation=validation)
-    report = {
-        "filter": FILTER, "event": EVENT, "architecture": "full_frame", "tap": "late", "input_size": list(SIZE),
-        "frames": [0, 120], "positives": counts["positive"], "negatives": counts["negative"], "steps": 30,
-        "validation": validation, "training_f1": 0.9, "warnings": [], "candidates": [],
-        "examples": {"source": "cross-validation", "hits": [], "false_alarms": [], "misses": [],
-                     "counts": {"hits": 0, "false_alarms": 0, "misses": 0}},
-        "uncertain": [{"frame": frame, "score": 0.5} for frame in (80, 81, 30)], "seconds": 1.0,
-    }  # fmt: skip
-    with cloud.client(TRAINER_TOKEN) as client:
-        job = client.post("/api/training-jobs/claim", json={"trainer": "test"}).json()
-        form = {"trainer": "test", "spec": spec.model_dump_json(), "report": json.dumps(report)}
-        answer = client.post(f"/api/training-jobs/{job['id']}/result", data=form, files={"model": ("m.onnx", onnx)})
-    assert answer.status_code == 200, answer.text
-    return job["id"], onnx
+def labels(cloud: CloudServer) -> dict[int, int]:
+    stored = rest(cloud, "GET", f"/api/datasets/{DATASET}/labels", params={"event": EVENT}).json()
+    return {int(frame): value for frame, value in stored.get(EVENT, {}).items()}
+
+
+def run_trainer(cloud: CloudServer, base_model: Path, work: Path, name: str) -> None:
+    """A real trainer takes the queued job, trains it and reports (`filterforward trainer serve --once`)."""
+    finish_trainer(start_trainer(cloud, TRAINER_TOKEN, base_model, work, name), work, name)
+
+
+def job(cloud: CloudServer, job_id: int) -> dict[str, Any]:
+    done = rest(cloud, "GET", f"/api/training-jobs/{job_id}").json()
+    assert done["status"] == "done", done
+    return done
+
+
+def fixed(value: float | None) -> str:
+    """A number as the page writes it (JavaScript's toFixed(2): the exact value rounded, halves up), "–" for none."""
+    return "–" if value is None else str(Decimal(value).quantize(Decimal("0.01"), ROUND_HALF_UP))
+
+
+def estimate_cell(done: dict[str, Any]) -> str:
+    """The compare table's estimate of a job: event F1 and its spread over the folds."""
+    validation = done["result"].get("validation") or done["spec"].get("validation")
+    if not validation:
+        return "–"
+    return f"{fixed(validation.get('event_f1'))} ({fixed(validation.get('f1_min'))}–{fixed(validation.get('f1_max'))})"
+
+
+def frames_cell(done: dict[str, Any]) -> str:
+    return f"{done['result']['positives']} event / {done['result']['negatives']} not"
+
+
+def proposed(done: dict[str, Any], labelled: dict[int, int]) -> list[str]:
+    """The frames the page proposes to label next: the job's uncertain frames that have no label, least sure first."""
+    return [str(e["frame"]) for e in done["result"]["uncertain"] if e["frame"] not in labelled][:UNCERTAIN_SHOWN]
+
+
+@pytest.fixture(scope="module")
+def first_job(cloud: CloudServer, base_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The filter's first revision: queued over REST, trained by a real trainer, deployed."""
+    body = {"dataset": DATASET, "event": EVENT, "filter": FILTER, "options": {"steps": STEPS}}
+    queued = rest(cloud, "POST", "/api/training-jobs", json=body)
+    assert queued.status_code == 201, queued.text
+    run_trainer(cloud, base_model, tmp_path_factory.mktemp("trainer"), "trainer-1")
+    deployed = rest(cloud, "POST", f"/api/training-jobs/{queued.json()['id']}/deploy")
+    assert deployed.status_code == 200, deployed.text
+    return job(cloud, queued.json()["id"])
 
 
 @pytest.fixture
@@ -129,12 +159,9 @@ def page(browser, cloud: CloudServer) -> Iterator[Page]:
 
 
 def test_feedback_from_the_gallery_a_new_revision_and_a_rollback(
-    page: Page, cloud: CloudServer, make_filter: Any
+    page: Page, cloud: CloudServer, clip: LabelledDataset, first_job: dict[str, Any], base_model: Path, tmp_path: Path
 ) -> None:
-    body = {"dataset": DATASET, "event": EVENT, "filter": FILTER, "options": {"steps": 30}}
-    assert rest(cloud, "POST", "/api/training-jobs", json=body).status_code == 201
-    first, first_model = finish_job(cloud, make_filter, 0.6, bias=None)
-    assert rest(cloud, "POST", f"/api/training-jobs/{first}/deploy").status_code == 200
+    first = first_job["id"]
     before = rest(cloud, "GET", f"/api/datasets/{DATASET}").json()
 
     # The event was a false alarm: "Wrong" on its card.
@@ -169,37 +196,60 @@ def test_feedback_from_the_gallery_a_new_revision_and_a_rollback(
         before["frames"] + 8, before["events"][EVENT]["positive"] + 4
     )  # fmt: skip
 
-    # The studio: the first revision's frames to label next (80, 81: 30 is labelled already), one opened.
+    # The studio: the frames the first revision proposes to label next (its uncertain ones without a label).
     page.locator(f'[data-testid="dataset-row"][data-name="{DATASET}"]').get_by_test_id("dataset-label").click()
     page.get_by_test_id("studio-event").fill(EVENT)
     page.get_by_test_id("studio-event").press("Enter")
     improve = page.get_by_test_id("improve")
-    proposed = improve.get_by_test_id("uncertain-frames").locator("button.example")
-    expect(proposed).to_have_count(2)
-    assert [button.get_attribute("data-frame") for button in proposed.all()] == ["80", "81"]
-    proposed.last.click()
-    expect(page.get_by_test_id("stage")).to_have_attribute("data-frame", "81")
-    page.keyboard.press("1")  # labelled: it is no longer proposed once the job is shown again
+    expect(improve).to_be_visible()
+    shown = proposed(first_job, labels(cloud))
+    buttons = improve.get_by_test_id("uncertain-frames").locator("button.example")
+    expect(buttons).to_have_count(len(shown))
+    assert [button.get_attribute("data-frame") for button in buttons.all()] == shown
+    if shown:  # one opened from the proposals
+        target = int(shown[-1])
+        buttons.last.click()
+    else:  # the trainer proposed no frame: the first unlabelled frame is labelled by keyboard instead
+        target = next(frame for frame in range(before["frames"]) if frame not in labels(cloud))
+        page.get_by_test_id("stage").focus()
+        page.keyboard.press("Home")
+        for _ in range(target):
+            page.keyboard.press("ArrowRight")
+    wait_shown(page, target)
+    truth = int(clip.labels[EVENT][target])
+    page.keyboard.press(KEYS[truth])  # labelled: it is no longer proposed once a job is shown again
     expect(page.get_by_test_id("save-state")).to_have_text("All labels saved.")
+    assert labels(cloud)[target] == truth
+    counts = rest(cloud, "GET", f"/api/datasets/{DATASET}").json()["events"][EVENT]
+    assert (counts["positive"], counts["negative"]) == (
+        after["events"][EVENT]["positive"] + (truth == 1), after["events"][EVENT]["negative"] + (truth == 0)
+    )  # fmt: skip
     revisions = page.get_by_test_id("revision")
     expect(revisions).to_have_count(1)
     expect(revisions.first.get_by_test_id("revision-current")).to_have_text("current")
 
-    # A new revision: queued from the page, finished by a trainer; the two estimates side by side.
+    # A new revision: queued from the page, trained by a real trainer; the two estimates side by side.
     improve.get_by_test_id("train-revision").click()
     expect(page.get_by_test_id("train-message")).to_contain_text(f"a new revision of {FILTER}")
     expect(page.get_by_test_id("job-status")).to_have_text("queued")
-    second, _ = finish_job(cloud, make_filter, 0.8, bias=-10.0)
+    [queued] = [item for item in rest(cloud, "GET", "/api/training-jobs").json() if item["status"] == "queued"]
+    assert (queued["filter"], queued["options"]["steps"]) == (FILTER, STEPS)
+    run_trainer(cloud, base_model, tmp_path, "trainer-2")
     expect(page.get_by_test_id("job-status")).to_have_text("done")
+    second_job = job(cloud, queued["id"])
+    second = second_job["id"]
+    assert (second_job["result"]["positives"], second_job["result"]["negatives"]) == (
+        counts["positive"], counts["negative"]
+    )  # fmt: skip
     compare = page.get_by_test_id("compare")
     expect(compare.locator("thead th")).to_have_text([f"Job {first}", f"Job {second}"])
-    expect(compare.locator('[data-field="f1"] td')).to_have_text(["0.60 (0.50–0.70)", "0.80 (0.70–0.90)"])
-    job = rest(cloud, "GET", f"/api/training-jobs/{second}").json()
-    assert job["result"]["positives"] == after["events"][EVENT]["positive"] + 1  # frame 81, labelled above
-    expect(compare.locator('[data-field="frames"] td').last).to_have_text(
-        f"{job['result']['positives']} event / {job['result']['negatives']} not"
-    )
-    expect(page.get_by_test_id("uncertain-frames").locator("button.example")).to_have_count(1)  # 80: 81 is labelled
+    expect(compare.locator('[data-field="f1"] td')).to_have_text([estimate_cell(first_job), estimate_cell(second_job)])
+    expect(compare.locator('[data-field="frames"] td')).to_have_text([frames_cell(first_job), frames_cell(second_job)])
+    shown = proposed(second_job, labels(cloud))
+    buttons = page.get_by_test_id("uncertain-frames").locator("button.example")
+    expect(buttons).to_have_count(len(shown))
+    assert [button.get_attribute("data-frame") for button in buttons.all()] == shown
+    assert str(target) not in shown
 
     # Deployed, it is the current revision; rolling back puts the first model back.
     page.get_by_test_id("job-deploy").click()
@@ -213,6 +263,6 @@ def test_feedback_from_the_gallery_a_new_revision_and_a_rollback(
     )
     expect(revisions.last.get_by_test_id("revision-current")).to_be_visible()
     expect(revisions.first.get_by_test_id("revision-rollback")).to_be_visible()
-    assert rest(cloud, "GET", f"/api/filters/{FILTER}/model").content == first_model
+    assert rest(cloud, "GET", f"/api/filters/{FILTER}/model").content == job_model(cloud, first)
     listed = rest(cloud, "GET", f"/api/filters/{FILTER}/revisions").json()
     assert [(r["job"], r["current"]) for r in listed] == [(second, False), (first, True)]

@@ -47,6 +47,8 @@ const datasetList = {
 
 async function refreshDatasets() {
   datasetList.polls += 1;
+  // An open footage form that offers no online edge yet lists them again: the edge may have connected since.
+  if (byId("footage-details").open && !footageEdges.some((edge) => edge.online)) loadFootageChoices();
   const active = [...datasetList.byName.values()].some((dataset) => ACTIVE_STATUSES.has(dataset.status));
   if (datasetList.loaded && !datasetList.stale && !active && datasetList.polls % DATASETS_IDLE_POLLS !== 0) return;
   datasetList.stale = false;
