@@ -276,13 +276,13 @@ def test_images_run_as_non_root_and_only_the_trainer_holds_torch(
     probe = (
         "import importlib.util as u, json, os, sys; "
         "print(json.dumps({'uid': os.getuid(), 'version': sys.version_info[:2], "
-        "'modules': {m: u.find_spec(m) is not None for m in ('torch', 'onnxruntime', 'openvino', 'fastapi')}, "
+        "'modules': {m: u.find_spec(m) is not None for m in ('torch', 'onnxruntime', 'openvino', 'fastapi', 'cv2')}, "
         "'base_model': os.path.isfile('/opt/filterforward/base/efficientnet_lite0.onnx')}))"
     )
     seen = json.loads(engine.docker("run", "--rm", "--network", "none", image(name), "python", "-c", probe).stdout)
     assert seen["uid"] == 10001 and seen["version"] == [3, 11]
     assert seen["modules"]["torch"] is (name == "trainer"), f"torch in the {name} image: {seen['modules']['torch']}"
-    assert seen["modules"]["onnxruntime"] is True
+    assert seen["modules"]["onnxruntime"] is True and seen["modules"]["cv2"] is True
     if name == "trainer":  # trains on the very base DNN file the edges run, so they accept its filters
         assert base_model_digest(engine, "trainer") == base_model_digest(engine, "edge")
     elif name == "edge":
