@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.base_models import mismatches
-from cloud.db import Filter, FilterChange, utcnow
+from cloud.db import Filter, FilterChange, begin_writing, utcnow
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError, is_disk_full, validation_summary
 from models.filterspec import MAX_VERSION, FilterSpec
@@ -185,10 +185,13 @@ def _check_base_model(session: Session, spec: FilterSpec) -> None:
 
 
 def _serialize_changes(session: Session) -> None:
-    """On PostgreSQL concurrent changes would all read the same max(version) and collide on its key; a table
-    lock (readers unaffected) queues them instead. SQLite serializes writers by itself."""
+    """Concurrent changes would all read the same max(version) and collide on its key, and a burst of them could
+    use up every retry; they queue instead: on PostgreSQL behind a table lock (readers unaffected), on SQLite behind
+    the write lock, taken before the read (a deferred transaction would take it only at its first write)."""
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text("LOCK TABLE filter_changes IN EXCLUSIVE MODE"))
+    else:
+        begin_writing(session)
 
 
 def too_big(size: int, limit: int) -> str:
