@@ -13,7 +13,7 @@ import math
 import secrets
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import cv2
@@ -25,6 +25,7 @@ from cloud.dataset_folders import CAMERA_FRAME, FRAME_INDEX, DatasetFolders
 from cloud.db import Camera, Dataset, DatasetFrame, Edge, Label, begin_writing
 from cloud.registry import RegistryError
 from common.protocol import FootageHeader, FootageRequest, FootageStatus
+from common.video import even
 from models.roi import polygon_errors
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,7 @@ class Datasets:
                 _check_size(dataset, sizes, whose)
                 if sizes and dataset.width is None:  # it had no frame yet: the first one sets its size
                     dataset.width, dataset.height = sizes[0]
+                frames = [_unpadded(frame, (dataset.width, dataset.height)) for frame in frames]
                 held = dict(
                     session.execute(
                         select(DatasetFrame.source_frame_id, DatasetFrame.number).where(
@@ -394,12 +396,26 @@ def _check_size(dataset: Dataset, sizes: Sequence[tuple[int, int]], whose: str) 
     if not sizes:
         return
     expected = sizes[0] if dataset.width is None or dataset.height is None else (dataset.width, dataset.height)
-    if other := next((size for size in sizes if size != expected), None):
+    if other := next((size for size in sizes if size not in (expected, _padded(expected))), None):
         raise DatasetError(
             422,
             f"{whose} are a cropped or scaled upload ({other[0]}x{other[1]}), not the dataset's "
             f"{expected[0]}x{expected[1]} frames: label footage of the camera instead",
         )
+
+
+def _padded(size: tuple[int, int]) -> tuple[int, int]:
+    """A frame size as the edge's H.264 stream carries it: odd sides grown by one pixel (common.video.even)."""
+    return even(size[0]), even(size[1])
+
+
+def _unpadded(frame: SourceFrame, size: tuple[int, int]) -> SourceFrame:
+    """The frame at the camera's own size: an image decoded from the stream of a camera with odd sides has the row
+    and column the edge's encoder repeated at the bottom and right (edge.encoder.video_frame), cut off here."""
+    if frame.size == size:
+        return frame
+    image = cv2.imdecode(np.frombuffer(frame.jpeg, np.uint8), cv2.IMREAD_COLOR)
+    return replace(frame, jpeg=_jpeg(image[: size[1], : size[0]]))
 
 
 def image_size(jpeg: bytes) -> tuple[int, int]:

@@ -19,6 +19,9 @@ import numpy as np
 import pytest
 from cloud_server import READ_ONLY, READ_WRITE, CloudServer, finish_trainer, job_model, run_cloud_on, start_trainer
 
+from cloud.dataset_folders import DatasetFolders
+from cloud.datasets import Datasets, SourceFrame, image_size
+from cloud.db import Dataset, StoredFrame, make_engine, session_factory
 from models.datasets import LabelledDataset, write_synthetic
 
 TRAINER_TOKEN = "feedback-test-trainer-token-2468"
@@ -361,3 +364,22 @@ def test_a_new_revision_is_trained_on_the_feedback_and_the_first_one_rolled_back
     assert rest(cloud, "GET", "/api/filters/by-hand/revisions").json() == []
     assert rest(cloud, "GET", "/api/filters/nowhere/revisions").status_code == 404
     assert "Traceback" not in cloud.log_text(), cloud.log_text()[-4000:]
+
+
+def test_frames_decoded_from_an_odd_sized_cameras_stream_join_at_the_cameras_size(tmp_path: Path) -> None:
+    """The edge's H.264 stream grows a camera's odd sides by one repeated pixel (common.video.even); a frame decoded
+    from it joins the dataset cut back to the camera's own size, not refused as another size."""
+    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
+    datasets = Datasets(sessions, DatasetFolders(tmp_path / "datasets"))
+    with sessions.begin() as session:
+        session.add(Dataset(name="odd", source="upload", status="complete", width=161, height=97, regions={}))
+        session.add(StoredFrame(id=7, edge_id="e", seq=1, run="r", camera="c", frame_index=70, stream_time=7.0,
+                                captured_at=datetime.now(UTC), scores={}))  # fmt: skip
+    coarse = np.random.default_rng(0).integers(0, 255, (7, 11, 3), np.uint8)
+    image = cv2.resize(coarse, (162, 98), interpolation=cv2.INTER_LINEAR)  # smooth: JPEG keeps it close
+    jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 100])[1].tobytes()
+    assert image_size(jpeg) == (162, 98)
+    assert datasets.append("odd", "car", 1, [SourceFrame(7, 70, 7.0, jpeg)], "frames of event 1") == 1
+    stored = cv2.imread(str(datasets.folders.image("odd", 0)))
+    assert stored.shape == (97, 161, 3)
+    assert np.abs(stored.astype(int) - image[:97, :161].astype(int)).mean() < 3  # the top-left part, re-encoded
