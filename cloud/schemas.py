@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from cloud.db import as_utc
 from models.filterspec import BaseModelId, FilterSpec, Validation
-from models.mc_kinds import MC_KINDS
+from models.mc_kinds import AUTO, MC_KINDS
 from models.optimizer_kinds import OPTIMIZERS
 from models.taps import MODEL_STRIDE
 
@@ -125,8 +125,7 @@ class Health(BaseModel):
 # Training jobs (docs/studio.md). The options and the report are checked here, in the cloud, so a bad job is refused
 # when it is queued, not when a trainer takes it, and every stored report has the shape the web page reads.
 
-AUTO_ARCH = "auto"  # let cross-validation choose the MC kind (the trainer's default)
-ArchOption = Literal[(AUTO_ARCH, *MC_KINDS)]  # fixed at import, like FilterSpec's architectures
+ArchOption = Literal[(AUTO, *MC_KINDS)]  # fixed at import, like FilterSpec's architectures
 OptimizerName = Literal[tuple(OPTIMIZERS)]
 InputSide = Annotated[int, Field(ge=MODEL_STRIDE, le=8192, multiple_of=MODEL_STRIDE)]  # models.taps.check_input_size
 

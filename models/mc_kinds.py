@@ -28,6 +28,7 @@ class MCKind:
         return self.default_tap == PIXELS
 
 
+AUTO = "auto"  # in place of a kind: the one cross-validation chooses (models.model_selection)
 MC_KINDS: Registry[MCKind] = Registry(
     "MC architecture",
     [

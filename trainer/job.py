@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from models.errors import FilterForwardError
+from models.mc_kinds import AUTO
 from trainer.client import Cloud, CloudError, CloudUnreachable
 from trainer.report import Trained, examples_of, make_report, uncertain_frames
 
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-AUTO = "auto"
 HEARTBEAT = 10.0  # seconds between progress reports at most (a third of the lease when that is shorter)
 RESULT_TRIES = 5  # posting the result through a cloud restart: the training is not thrown away lightly
 # The job's share of the whole, per stage: (start, end) of `fraction`.

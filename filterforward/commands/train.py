@@ -8,11 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.errors import FilterForwardError
-from models.mc_kinds import MC_KINDS
+from models.mc_kinds import AUTO, MC_KINDS
 from models.optimizer_kinds import OPTIMIZERS
 from models.roi import parse_region
-
-AUTO = "auto"  # --arch: let cross-validation choose the kind
 
 if TYPE_CHECKING:
     from models.datasets import LabelledDataset
