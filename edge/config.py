@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from common.configfile import ConfigPath, FolderPath, read_config, resolve
+from edge.stream_encoder import FRAGMENT_SECONDS, KEYFRAME_INTERVAL
 from models.taps import check_input_size
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -26,8 +27,12 @@ class UploadSettings(BaseModel):
     preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"] = Field(
         "medium", description="x264 speed/size trade-off; a slower box can take veryfast"
     )
-    keyframe_interval: float = Field(10.0, gt=0, le=600, description="seconds between keyframes inside an event")
-    fragment_seconds: float = Field(1.0, ge=0.1, le=10, description="a fragment is sent once it spans this")
+    keyframe_interval: float = Field(
+        KEYFRAME_INTERVAL, gt=0, le=600, description="seconds between keyframes inside an event"
+    )
+    fragment_seconds: float = Field(
+        FRAGMENT_SECONDS, ge=0.1, le=10, description="a fragment is sent once it spans this"
+    )
     scale: float = Field(1.0, gt=0, le=1, description="upload size as a fraction of the decoded frame's (or crop's)")
     crop: Literal["none", "roi"] = Field(
         "none",

@@ -178,7 +178,7 @@ class CameraPipeline:
                 log.info("camera %s: filter %s: event started at frame %d", self.camera, name, start)
                 self.sink.event("start", decision.started)
                 if track.spec.encoding.kind == "stream":
-                    self._emit(self._stream_encoder().new_gop())
+                    self._stream_encoder().new_gop()
             for index in [*decision.backfill, *([frame.index] if decision.positive else [])]:
                 send.setdefault(index, []).append(name)
             if decision.ended:
@@ -242,9 +242,9 @@ class CameraPipeline:
         size = (max(2, round(width * self.upload.scale / 2) * 2), max(2, round(height * self.upload.scale / 2) * 2))
         return cv2.resize(image, size, interpolation=cv2.INTER_AREA)
 
-    def _emit(self, fragment: Fragment | None) -> None:
-        """Send a closed fragment of the camera's stream."""
-        if fragment is not None:
+    def _emit(self, fragments: list[Fragment]) -> None:
+        """Send the closed fragments of the camera's stream."""
+        for fragment in fragments:
             self.stats.bytes_out += len(pack(fragment))
             self.sink.fragment(self.camera, fragment)
 
@@ -253,7 +253,10 @@ class CameraPipeline:
         track.clip, track.event_id = None, None
         self.stats.bytes_out += len(clip or b"")
         if track.spec.encoding.kind == "stream" and self._stream is not None:
-            self._emit(self._stream.cut())  # the event's last frames go now, not with the next event's
+            # The event's last frames go now, not with the next event's: the encoder is drained unless another
+            # stream event goes on (its next frames push them out).
+            streaming = any(t.event_id is not None and t.spec.encoding.kind == "stream" for t in self._tracks.values())
+            self._emit(self._stream.cut() if streaming else self._stream.finish())
         log.info("camera %s: filter %s: event ended at frame %s", self.camera, event.filter, event.end_frame)
         self.sink.event("end", event, clip)
 

@@ -99,7 +99,9 @@ def test_stream_is_the_default_and_sends_each_matched_frame_once_in_fragments(
     sent = [index for r in fragments for index in r["frames"]]
     assert sent == list(range(40))  # two filters match every frame; each goes once, in order
     assert [r["gop"] for r in fragments] == [0] * len(fragments)  # one event start: one keyframe
-    assert len(fragments) == 4  # 40 frames of a 12.5 fps clip: three 13-frame seconds and the event's tail
+    # Half-second fragments (6-7 frames of a 12.5 fps clip) up to frame 31; at the clip's end the first filter's
+    # event end sends what has left the encoder, the second's drains it (the look-ahead's last frames).
+    assert [len(r["frames"]) for r in fragments] == [6, 7, 6, 6, 7, 3, 5]
     decoded = decode_stream(tmp_path, records)
     assert len(decoded) == 40 and decoded[0].shape == (216, 384, 3)
     assert all(r["file"] is None for r in records if r["type"] == "frame")  # no JPEGs for stream filters

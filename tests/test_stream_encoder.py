@@ -16,7 +16,7 @@ from support import clip_frames
 from cloud.fragments import frame_jpeg, join_mp4
 from common.fragment import Crop, Fragment, FragmentError, pack, unpack
 from edge.encoder import encode_jpeg
-from edge.stream_encoder import StreamEncoder, roi_crop
+from edge.stream_encoder import LOOKAHEAD, StreamEncoder, roi_crop
 from models.errors import FilterForwardError
 from models.roi import ROI
 
@@ -35,16 +35,17 @@ def encode(
 ) -> tuple[list[Fragment], dict[int, np.ndarray]]:
     """The fragments of the frames inside `events` (ranges of positions in `frames`), as the uplink would
     drive the encoder, each passed through the wire format; and the frames sent by camera index."""
-    encoder = encoder or StreamEncoder(FPS, preset="veryfast")
+    encoder = encoder or StreamEncoder(FPS, preset="veryfast", fragment_seconds=1.0)
     fragments, sent = [], {}
     for event in events:
-        closed = [encoder.new_gop()]
+        encoder.new_gop()
+        closed = []
         for position in event:
             index = FIRST + position
-            closed.append(encoder.add(frames[position], index, index / FPS))
+            closed += encoder.add(frames[position], index, index / FPS)
             sent[index] = frames[position]
-        closed.append(encoder.cut())
-        fragments += [unpack(pack(f)) for f in closed if f is not None]
+        closed += encoder.finish()
+        fragments += [unpack(pack(f)) for f in closed]
     return fragments, sent
 
 
@@ -65,7 +66,7 @@ def test_fragments_close_after_about_a_second_and_keyframes_start_each_event(fra
 
 
 def test_a_long_event_gets_a_keyframe_every_interval(frames: list[np.ndarray]) -> None:
-    encoder = StreamEncoder(FPS, preset="veryfast", keyframe_interval=2.0)
+    encoder = StreamEncoder(FPS, preset="veryfast", keyframe_interval=2.0, fragment_seconds=1.0)
     fragments, _ = encode(frames, [range(0, 80)], encoder)
     keyframes = [e.index - FIRST for f in fragments for e in f.header.frames if e.keyframe]
     assert keyframes == [0, 25, 50, 75]
@@ -172,13 +173,14 @@ def test_a_new_crop_starts_a_new_gop_at_its_size_and_the_header_says_which_part(
     left = Crop(x=0, y=0, width=96, height=108, frame_width=192, frame_height=108)
     middle = Crop(x=48, y=26, width=96, height=56, frame_width=192, frame_height=108)
     encoder = StreamEncoder(FPS, preset="veryfast")
-    closed = [encoder.new_gop()]
+    encoder.new_gop()
+    closed = []
     for position in range(40):
         crop = left if position < 20 else middle
         part = frames[position][crop.y : crop.y + crop.height, crop.x : crop.x + crop.width]
-        closed.append(encoder.add(part, FIRST + position, (FIRST + position) / FPS, crop))
-    closed.append(encoder.cut())
-    fragments = [unpack(pack(f)) for f in closed if f is not None]
+        closed += encoder.add(part, FIRST + position, (FIRST + position) / FPS, crop)
+    closed += encoder.finish()
+    fragments = [unpack(pack(f)) for f in closed]
     keyframes = [e.index - FIRST for f in fragments for e in f.header.frames if e.keyframe]
     assert keyframes == [0, 20]  # the crop's change, not only event starts, begins a GOP
     assert {(f.header.gop, f.header.crop, f.header.width, f.header.height) for f in fragments} == {
@@ -190,4 +192,20 @@ def test_a_new_crop_starts_a_new_gop_at_its_size_and_the_header_says_which_part(
     assert mean_abs_error(image, frames[30][26:82, 48:144]) < 6  # the middle part of frame 30
     uncropped = StreamEncoder(FPS, preset="veryfast")
     uncropped.add(frames[0], 0, 0.0)
-    assert b"crop" not in pack(uncropped.cut())  # a whole-frame stream's header is as before crops
+    assert b"crop" not in pack(*uncropped.finish())  # a whole-frame stream's header is as before crops
+
+
+def test_frames_leave_the_encoder_after_its_look_ahead_and_finish_drains_it(frames: list[np.ndarray]) -> None:
+    """x264's look-ahead holds LOOKAHEAD frames: `cut()` sends only what came out (the rest goes with the next
+    frames, as when another stream event goes on), `finish()` sends everything, and the next frame starts a GOP."""
+    encoder = StreamEncoder(FPS, preset="veryfast")
+    encoder.new_gop()
+    added = [encoder.add(frames[p], FIRST + p, (FIRST + p) / FPS) for p in range(LOOKAHEAD + 2)]
+    assert added == [[]] * (LOOKAHEAD + 2)  # the first frames have not left yet; none spans half a second
+    first = encoder.cut()
+    assert [e.index - FIRST for e in first[0].header.frames] == [0, 1]
+    rest = encoder.finish()
+    assert [e.index - FIRST for f in rest for e in f.header.frames] == list(range(2, LOOKAHEAD + 2))
+    assert encoder.finish() == [] and encoder.cut() == []
+    later = encoder.add(frames[20], FIRST + 20, (FIRST + 20) / FPS) + encoder.finish()
+    assert later[0].header.gop == first[0].header.gop + 1 and later[0].header.frames[0].keyframe
