@@ -6,7 +6,7 @@ matched frames, so the numbers are about the encoder, not a filter's mistakes: t
 frame, 0 elsewhere; k = n = 1, so the smoother's events are exactly the labelled runs). Per event two pipelines
 (cameras) run on the same decoded frames, one with such a filter of encoding `stream`, one of encoding `jpeg`
 (set explicitly), at the default upload settings (`edge.config.UploadSettings()`: CRF 23, medium, keyframe every
-10 s, fragments of 1 s, full size). Measured:
+10 s, fragments of 0.5 s, a look-ahead of 5 frames, full size). Measured:
 
   upload   the packed fragments the pipeline hands the uplink (edge/stream_encoder.py), bit/s over the clip;
   jpeg     the JPEG q80 of every matched frame, as the jpeg pipeline sends them;
@@ -34,7 +34,7 @@ filter on one camera would get metadata only for the frames the stream carries).
   spooled    the frame message's `captured_at` (the edge's wall time when it spooled the frame): the edge's part.
 
 Both clocks are this machine's. p50/p95/p99/max per encoding; the target is p99 <= 1.5 s for stream.
---fragment-seconds sets the latency cameras' fragment length (default 1 s, the upload default).
+--fragment-seconds sets the latency cameras' fragment length (default 0.5 s, the upload default).
 
     .venv/bin/python bench/upload.py                 # every clip, 3 loops of the car clip (about 6 min on 2 cores)
     .venv/bin/python bench/upload.py --quick         # car and tud-campus, one loop
@@ -74,6 +74,7 @@ from edge.node import EdgeNode
 from edge.pipeline import CameraPipeline
 from edge.replay import RecordingSink
 from edge.sources import Frame
+from edge.stream_encoder import LOOKAHEAD
 from models.datasets import LabelledDataset, open_dataset
 from models.evaluation import bandwidth_bps, runs
 from models.filterspec import Encoding, FilterSpec, Smoothing
@@ -281,9 +282,11 @@ def upload_part(args: argparse.Namespace, work: Path) -> list[UploadRow]:
 
 
 def print_upload(rows: list[UploadRow]) -> None:
+    u = UploadSettings()
     print(
-        "\nupload bits on the ground-truth matched frames (default upload settings: CRF 23, medium, keyframe 10 s,"
-        " fragments 1 s, full size)"
+        f"\nupload bits on the ground-truth matched frames (default upload settings: CRF {u.crf}, {u.preset}, "
+        f"keyframe {u.keyframe_interval:g} s, fragments {u.fragment_seconds:g} s, look-ahead {LOOKAHEAD} frames, "
+        "full size)"
     )
     header = (
         f"{'clip':<20} {'event':<24} {'size':>9} {'f':>6} {'occ':>3} {'frags':>5} {'kf':>3} "
