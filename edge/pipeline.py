@@ -23,6 +23,7 @@ from common.fragment import Crop, Fragment, pack
 from edge.change_gate import ChangeGate
 from edge.config import GateSettings, UploadSettings
 from edge.encoder import ClipEncoder, encode_jpeg
+from edge.encoding_thread import EncodingThread
 from edge.mcbank import CameraState, LoadedMC, MCBank
 from edge.sink import MatchedFrame, Sink
 from edge.sources import Frame
@@ -118,7 +119,7 @@ class CameraPipeline:
         self.gate = _gate(gate)
         self._last_scores: dict[str, float] = {}  # of the last frame the base DNN ran on ...
         self._scored_by: frozenset[tuple[str, int]] = frozenset()  # ... and the filters (name, version) it ran
-        self._stream: StreamEncoder | None = None  # opened at the first stream filter's event
+        self._stream: EncodingThread | None = None  # opened at the first stream filter's event
         self._streamed = -1  # the last frame index in the stream: frames go in once, in order
         self.stats = StageStats()
         self.state = CameraState()
@@ -178,7 +179,7 @@ class CameraPipeline:
                 log.info("camera %s: filter %s: event started at frame %d", self.camera, name, start)
                 self.sink.event("start", decision.started)
                 if track.spec.encoding.kind == "stream":
-                    self._stream_encoder().new_gop()
+                    self._stream_encoder().submit(StreamEncoder.new_gop)
             for index in [*decision.backfill, *([frame.index] if decision.positive else [])]:
                 send.setdefault(index, []).append(name)
             if decision.ended:
@@ -214,14 +215,16 @@ class CameraPipeline:
             self._streamed = frame.index
             crop = self._crop(frame)
             image = self._upload_image(frame, crop)
-            self._emit(self._stream_encoder().add(image, frame.index, frame.timestamp, crop))
+            index, timestamp = frame.index, frame.timestamp
+            self._stream_encoder().submit(lambda encoder: encoder.add(image, index, timestamp, crop))
 
-    def _stream_encoder(self) -> StreamEncoder:
+    def _stream_encoder(self) -> EncodingThread:
         if self._stream is None:
             u = self.upload
-            self._stream = StreamEncoder(
+            encoder = StreamEncoder(
                 self.fps or UNKNOWN_FPS, u.crf, u.preset, u.keyframe_interval, u.fragment_seconds, u.bitrate_cap
             )
+            self._stream = EncodingThread(self.camera, encoder, self._emit)
         return self._stream
 
     def _crop(self, frame: Frame) -> Crop | None:
@@ -243,7 +246,7 @@ class CameraPipeline:
         return cv2.resize(image, size, interpolation=cv2.INTER_AREA)
 
     def _emit(self, fragments: list[Fragment]) -> None:
-        """Send the closed fragments of the camera's stream."""
+        """Send the closed fragments of the camera's stream (on the encoding thread)."""
         for fragment in fragments:
             self.stats.bytes_out += len(pack(fragment))
             self.sink.fragment(self.camera, fragment)
@@ -256,7 +259,7 @@ class CameraPipeline:
             # The event's last frames go now, not with the next event's: the encoder is drained unless another
             # stream event goes on (its next frames push them out).
             streaming = any(t.event_id is not None and t.spec.encoding.kind == "stream" for t in self._tracks.values())
-            self._emit(self._stream.cut() if streaming else self._stream.finish())
+            self._stream.submit(StreamEncoder.cut if streaming else StreamEncoder.finish)
         log.info("camera %s: filter %s: event ended at frame %s", self.camera, event.filter, event.end_frame)
         self.sink.event("end", event, clip)
 
@@ -290,9 +293,12 @@ class CameraPipeline:
 
     def end_events(self) -> None:
         """End every open event at its last passing frame: at the end of the stream, or when the camera goes
-        offline (an event must not span an outage); the next frame starts its filters' smoothing afresh."""
+        offline (an event must not span an outage); the next frame starts its filters' smoothing afresh. Returns
+        once the camera's stream has sent every fragment."""
         for name in list(self._tracks):
             self._close_track(name)
+        if self._stream is not None:
+            self._stream.wait()
 
 
 def _gate(settings: GateSettings | None) -> ChangeGate | None:
