@@ -1,11 +1,14 @@
 """Reduced-precision exports of the base DNN: int8 (calibrated on real frames) and bf16. Needs onnxruntime and onnx.
 
-int8 is ONNX Runtime's static QDQ quantization: int8 weights per output channel, uint8 activations per tensor
-with min/max ranges seen on real frames of the operator's cameras. The stem and the first block stay fp32:
-their per-tensor activation ranges are so wide that uint8 wipes out the weak channels, and that error grows
-through the net (mean tap cosine vs fp32 at 768x448: 0.94 with them in int8, 0.99 without, for ~10% more time).
-bf16 is the fp32 graph marked bf16: the runtime does the arithmetic in bf16 (models/base_runtime.py), so there
-is nothing to calibrate.
+int8 is ONNX Runtime's static QDQ quantization: 8-bit weights per output channel, uint8 activations per tensor
+with min/max ranges seen on real frames of the operator's cameras. The weights are int8 where the CPU has an int8
+dot product that does not saturate (x86 VNNI or AMX, ARM) and uint8 on other x86 CPUs: there the u8 x s8 kernels
+add pairs of products in int16 and clip them (ONNX Runtime's documented AVX2 caveat), which took the worst tap
+cosine vs fp32 from 0.995 to 0.979 on an AVX2-only AMD EPYC (0.989 with uint8 weights). The stem and the first
+block stay fp32: their per-tensor activation ranges are so wide that uint8 wipes out the weak channels, and that
+error grows through the net (mean tap cosine vs fp32 at 768x448: 0.94 with them in int8, 0.99 without, for ~10%
+more time). bf16 is the fp32 graph marked bf16: the runtime does the arithmetic in bf16 (models/base_runtime.py),
+so there is nothing to calibrate.
 
 An export is a separate ONNX file whose metadata names the model, its precision, the digest of the fp32 file it
 came from and (int8) a key of the calibration frames; the same inputs give the same bytes, and an existing file
@@ -17,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import platform
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -42,6 +46,9 @@ DEFAULT_CALIBRATION_FRAMES = 64
 FP32_PREFIXES = ("/net/stem/", "/net/blocks.0/")
 SOURCE_KEY = "source_digest"  # under filterforward.*: the fp32 file an export came from
 CALIBRATION_KEY = "calibration"
+WEIGHTS_KEY = "int8_weights"  # int8 or uint8 (see the module docstring)
+# /proc/cpuinfo flags of x86 int8 dot products that accumulate in int32 without saturating.
+X86_INT8_DOT = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def default_precision_path(precision: str) -> Path:
@@ -72,10 +79,11 @@ def export_precision(
     wanted = {SOURCE_KEY: file_digest(source)}
     if images is not None:
         wanted[CALIBRATION_KEY] = calibration_record(calibration, images)
+        wanted[WEIGHTS_KEY] = int8_weights()
     if _is_current(out, precision, wanted):
         log.info("%s is already this %s export", out, precision)
         return out
-    model = quantize_int8(source, images) if images is not None else onnx.load(str(source))
+    model = quantize_int8(source, images, wanted[WEIGHTS_KEY]) if images is not None else onnx.load(str(source))
     set_identity(model, BASE_MODEL_NAME, precision, **wanted)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
@@ -143,8 +151,22 @@ def calibration_record(sources: Sequence[Path], images: np.ndarray) -> str:
     return json.dumps(record | {"digest": digest}, sort_keys=True)
 
 
-def quantize_int8(source: Path, images: np.ndarray) -> onnx.ModelProto:
-    """Static QDQ quantization of the fp32 model at `source`, calibrated on `images`."""
+def int8_weights(machine: str | None = None, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The 8-bit weight type this CPU runs without saturation: int8, or uint8 on x86 without VNNI/AMX (also where
+    the flags cannot be read)."""
+    machine = (machine or platform.machine()).lower()
+    if machine not in ("x86_64", "amd64", "i386", "i686"):
+        return "int8"
+    try:
+        flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for flag in line.split()}
+    except OSError:
+        return "uint8"
+    return "int8" if flags & X86_INT8_DOT else "uint8"
+
+
+def quantize_int8(source: Path, images: np.ndarray, weights: str) -> onnx.ModelProto:
+    """Static QDQ quantization of the fp32 model at `source`, calibrated on `images`, with `weights` (int8 or
+    uint8) weights."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -169,7 +191,7 @@ def quantize_int8(source: Path, images: np.ndarray) -> onnx.ModelProto:
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
+            weight_type=QuantType.QInt8 if weights == "int8" else QuantType.QUInt8,
             nodes_to_exclude=fp32_nodes(onnx.load(str(prepared))),
         )
         return onnx.load(str(out))
