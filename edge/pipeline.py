@@ -260,6 +260,7 @@ class CameraPipeline:
             # stream event goes on (its next frames push them out).
             streaming = any(t.event_id is not None and t.spec.encoding.kind == "stream" for t in self._tracks.values())
             self._stream.submit(StreamEncoder.cut if streaming else StreamEncoder.finish)
+            self._stream.wait()  # the event's fragments go before its end, as the cloud expects
         log.info("camera %s: filter %s: event ended at frame %s", self.camera, event.filter, event.end_frame)
         self.sink.event("end", event, clip)
 
