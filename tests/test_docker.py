@@ -197,8 +197,10 @@ class Stack:
         """`docker compose down`: every service must stop within its grace period, with exit status 0."""
         since = self.engine.docker("info", "--format", "{{json .SystemTime}}").stdout.strip().strip('"')
         started = time.monotonic()
-        self.compose("down", "--volumes")
+        self.compose("stop")  # what the grace period bounds; removing vfs copies of the containers is timed apart
         took = time.monotonic() - started
+        self.compose("down", "--volumes")
+        print(f"stop took {took:.0f} s, removal {time.monotonic() - started - took:.0f} s", file=sys.stderr)
         until = self.engine.docker("info", "--format", "{{json .SystemTime}}").stdout.strip().strip('"')
         events = self.engine.docker(
             "events", "--since", since, "--until", until, "--filter", "event=die",
@@ -209,7 +211,7 @@ class Stack:
         grace = max(seconds(spec.get("stop_grace_period", "10s")) for spec in self.services.values())
         running = {name for name, spec in self.services.items() if spec.get("restart") != "no"}
         assert all(exits.get(name) == "0" for name in running), f"exit statuses after SIGTERM: {exits}"
-        assert took < grace + 15, f"down took {took:.0f} s (grace period {grace:.0f} s)"
+        assert took < grace + 15, f"stopping took {took:.0f} s (grace period {grace:.0f} s)"
         print(f"{self.name}: down in {took:.1f} s, exits {exits}", file=sys.stderr)
 
 
