@@ -295,11 +295,9 @@ class CameraPipeline:
     def end_events(self) -> None:
         """End every open event at its last passing frame: at the end of the stream, or when the camera goes
         offline (an event must not span an outage); the next frame starts its filters' smoothing afresh. Returns
-        once the camera's stream has sent every fragment."""
+        once the camera's stream has sent every fragment (each stream event's end waits for them)."""
         for name in list(self._tracks):
             self._close_track(name)
-        if self._stream is not None:
-            self._stream.wait()
 
 
 def _gate(settings: GateSettings | None) -> ChangeGate | None:

@@ -69,8 +69,7 @@ class StreamEncoder:
         self._context: VideoCodecContext | None = None
         self._frame_size = self._size = (0, 0)  # the camera's frames; the encoded (even) size
         self._gop = -1  # counted from this encoder's start: an edge restart starts a new GOP
-        self._crop: Crop | None = None  # the part of the camera's frame the frames going in show (None: all)
-        self._out_crop: Crop | None = None  # ... and the frames coming out, in the open fragment
+        self._crop: Crop | None = None  # the part of the camera's frame this GOP shows (None: all of it)
         self._keyframe_time = -np.inf
         self._force_keyframe = True
         self._pending: deque[_Pending] = deque()
@@ -113,7 +112,7 @@ class StreamEncoder:
             height=height,
             fps=f"{self.fps.numerator}/{self.fps.denominator}",
             frames=self._entries,
-            crop=self._out_crop,
+            crop=self._crop,
         )
         fragment = Fragment(header, tuple(self._units))
         self._entries, self._units = [], []
@@ -136,7 +135,6 @@ class StreamEncoder:
             if frame.starts_gop:
                 closed += self.cut()  # a fragment never spans two GOPs
                 self._gop += 1
-                self._out_crop = self._crop
             unit = bytes(packet)
             self._entries.append(
                 FrameEntry(index=frame.index, time=frame.time, keyframe=packet.is_keyframe, size=len(unit))
