@@ -51,7 +51,7 @@ from models.datasets.frames import probe, read_frames
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec, Smoothing
 from models.model_selection import CANDIDATES, ENSEMBLE
-from models.taps import round_input_size
+from models.taps import default_input_size, round_input_size
 
 log = logging.getLogger("bench.cameras")
 
@@ -636,7 +636,7 @@ def hd_defaults(frame_size: tuple[int, int]) -> dict[str, object]:
     """Where a 1080p camera's input size comes from by default."""
     return {
         "frame_size": list(frame_size),
-        "train_default": list(round_input_size(frame_size)),  # filterforward train without --input-size
+        "train_default": list(default_input_size(frame_size)),  # filterforward train without --input-size
         "edge_config_default": list(EdgeConfig.model_fields["input_size"].default),
     }
 
@@ -723,8 +723,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     unknown = [name for name in args.configs.split(",") if name not in by_name]
     if unknown:
         parser.error(f"unknown configuration {unknown[0]!r}; use {', '.join(by_name)}")
-    hd_size = round_input_size((1920, 1080))
-    named = {"default": hd_size, "half": round_input_size((960, 540))}
+    hd_size = default_input_size((1920, 1080))
+    named = {"default": hd_size, "half": round_input_size((hd_size[0] // 2, hd_size[1] // 2))}
     hd_sizes = () if args.hd_sizes == "none" else tuple(
         named.get(text) or parse_size(text) for text in args.hd_sizes.split(",")
     )  # fmt: skip
@@ -797,8 +797,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print_runs(f"one 1080p camera ({HD.name}, looped at {CAMERA_FPS:g} fps)", hd_results)
         print(
             f"a 1920x1080 camera's default input size: {d['train_default'][0]}x{d['train_default'][1]} (filterforward"
-            f" train rounds the frame size; the edge must run its filters' size); the edge config's own default is"
-            f" {d['edge_config_default'][0]}x{d['edge_config_default'][1]}"
+            f" train scales the frame down to at most 768x448 pixels; the edge runs its filters' size); the edge"
+            f" config's own default is {d['edge_config_default'][0]}x{d['edge_config_default'][1]}"
         )
     record = {
         "meta": meta,

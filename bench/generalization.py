@@ -3,12 +3,12 @@
 For every real clip and region event below, the split is fixed in this file (chosen from the label counts
 before any filter was scored): train on a prefix that holds at least one occurrence, test on the rest.
 Each MC kind and the default filter (`filterforward train` without --arch) are trained with seeds 0-4 at
-the clip's default input size (its frame size rounded to multiples of 32) and at half of it, then all of
-one size's filters are replayed together through the real edge pipeline over the test frames and scored
-like `filterforward eval` (event F1, boundary tolerance 2), once with the base DNN on every frame and once
-behind the edge's default change gate (edge/change_gate.py; its F1 and the share of frames it skipped are the
-last columns). A motion-detector row (OpenCV MOG2, bench/motion.py)
-has its threshold and k-of-n chosen on the training frames only. Protocol and columns: bench/README.md.
+the clip's default input size (its frame size scaled down to at most 768x448 pixels, models.taps) and at half
+of it, then all of one size's filters are replayed together through the real edge pipeline over the test
+frames and scored like `filterforward eval` (event F1, boundary tolerance 2), once with the base DNN on every
+frame and once behind the edge's default change gate (edge/change_gate.py; its F1 and the share of frames it
+skipped are the last columns). A motion-detector row (OpenCV MOG2, bench/motion.py) has its threshold and
+k-of-n chosen on the training frames only. Protocol and columns: bench/README.md.
 
     python bench/generalization.py                 # everything (hours on 2 cores: the paper's kinds are slow)
     python bench/generalization.py --quick         # default filter and full_frame, seed 0, half size only
@@ -36,7 +36,7 @@ from models.datasets import LabelledDataset, mot_dataset, open_dataset
 from models.errors import FilterForwardError
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
 from models.roi import Polygon
-from models.taps import round_input_size
+from models.taps import default_input_size, round_input_size
 
 log = logging.getLogger("bench.generalization")
 
@@ -133,8 +133,8 @@ def open_clip(clip: Clip, data: Path) -> LabelledDataset:
 
 
 def input_size(dataset: LabelledDataset, size: str) -> tuple[int, int]:
-    """The clip's default input size (the frame size rounded, as `filterforward train` picks it) or half of it."""
-    width, height = round_input_size(dataset.frame_size)
+    """The clip's default input size (as `filterforward train` picks it) or half of it."""
+    width, height = default_input_size(dataset.frame_size)
     return (width, height) if size == "default" else round_input_size((width // 2, height // 2))
 
 

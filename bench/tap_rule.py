@@ -53,12 +53,17 @@ class Case:
 # Added after the first benchmark run, for one way the default filter missed there (one occurrence to learn
 # from), again inside the training prefix: car red_vehicle_present 187-199 | 200-211 (the rest of the same
 # pass); split 212. (adl's left quarter has no such case: its prefix is positive up to frame 234 but for 3 frames.)
+# Added for the other way it missed there, firing on people just outside a region's vertical edge (adl's left
+# quarter), with narrower strips whose prefix holds two occurrences: adl left_sixth (x < 320 px) 0-92 | 142-225,
+# adl right_fifth (x >= 1536 px) 0-129 | 160-299; split 300.
 CASES = (
     Case("intel-car-detection", "vehicle_present", 150, 212),
     Case("adl-rundle-6", "near_camera", 80, 300),
     Case("adl-rundle-6", "bottom_right", 190, 300, "0.5,0.7407 1,0.7407 1,1 0.5,1"),
     Case("adl-rundle-6", "bottom_left", 100, 300, "0,0.7407 0.5,0.7407 0.5,1 0,1"),
     Case("intel-car-detection", "red_vehicle_present", 200, 212),
+    Case("adl-rundle-6", "left_sixth", 120, 300, "0,0 0.1667,0 0.1667,1 0,1"),
+    Case("adl-rundle-6", "right_fifth", 145, 300, "0.8,0 1,0 1,1 0.8,1"),
 )
 
 

@@ -284,8 +284,9 @@ def upload_part(args: argparse.Namespace, work: Path) -> list[UploadRow]:
 def print_upload(rows: list[UploadRow]) -> None:
     u = UploadSettings()
     print(
-        f"\nupload bits on the ground-truth matched frames (default upload settings: CRF {u.crf}, {u.preset}, "
-        f"keyframe {u.keyframe_interval:g} s, fragments {u.fragment_seconds:g} s, look-ahead {LOOKAHEAD} frames, "
+        f"\nupload bits on the ground-truth matched frames (default upload settings: CRF {u.crf}, x264 "
+        f"{u.preset or 'medium up to 720p, fast above'}, keyframe {u.keyframe_interval:g} s, fragments "
+        f"{u.fragment_seconds:g} s, look-ahead {LOOKAHEAD} frames, "
         "full size)"
     )
     header = (

@@ -24,8 +24,10 @@ class UploadSettings(BaseModel):
 
     crf: int = Field(23, ge=0, le=51, description="x264 quality: lower is better and larger")
     bitrate_cap: int | None = Field(None, ge=10_000, description="peak bit/s (VBV); default uncapped")
-    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"] = Field(
-        "medium", description="x264 speed/size trade-off; a slower box can take veryfast"
+    preset: Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow"] | None = Field(
+        None,
+        description="x264 speed/size trade-off; default medium, and fast above 720p (as small at the same quality, "
+        "30% less CPU); a slower box can take veryfast",
     )
     keyframe_interval: float = Field(
         KEYFRAME_INTERVAL, gt=0, le=600, description="seconds between keyframes inside an event"

@@ -4,9 +4,8 @@ x264 releases the GIL while it encodes, so a camera's matched frames are encoded
 frames go through the base DNN. On the camera's thread, a 1080p frame at x264 `medium` (about 110 ms on the
 development machine) alone took more than the 80 ms a frame has at 12.5 fps. Jobs run in the order they were
 submitted; a bounded queue makes the camera wait (and its source drop frames) rather than buffer without end
-when the encoder cannot keep up. At a stream event's end the camera waits for the encoder (CameraPipeline), so the
-event's fragments still go before its end message. An encoder error is raised on the camera's thread at its next
-call.
+when the encoder cannot keep up. A stream event's end message is a job too (CameraPipeline), so it goes after the
+event's fragments without the camera waiting for them. An error is raised on the camera's thread at its next call.
 """
 
 from __future__ import annotations

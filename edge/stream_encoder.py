@@ -3,8 +3,8 @@
 Long GOPs are where the savings are (a keyframe of a fixed camera costs 10-20 P-frames), so a keyframe is
 forced only where a reader must be able to start: at each event start (`new_gop()`), and at most every
 `keyframe_interval` seconds of stream time so a long event stays seekable. x264 runs without B-frames and with
-a look-ahead of LOOKAHEAD frames (one thread): output keeps input order and each frame's access unit comes out
-LOOKAHEAD frames after it went in, so a fragment closes once the frames that left the encoder span
+a look-ahead of LOOKAHEAD frames (one thread up to 720p, two above): output keeps input order and each frame's
+access unit comes out a few frames after it went in, so a fragment closes once the frames that left the encoder span
 `fragment_seconds`; `finish()` drains the encoder when the camera's stream events end. Frames are BGR uint8
 arrays of one size per GOP: with `upload: {crop: roi}` they are the part of the camera's frame its stream
 filters look at (`roi_crop`), and a new crop starts a new GOP.
@@ -33,6 +33,13 @@ FRAGMENT_SECONDS = 0.5
 # 30-12.5 fps and took 8% off the bits of adl-rundle-6's bottom-band events at an equal PSNR (bench README).
 LOOKAHEAD = 5
 KEYFRAME_INTERVAL = 10.0  # seconds of stream time between keyframes inside one long event
+# Frames above this many pixels are encoded with preset fast (unless the settings name one) on two x264 threads.
+# A 1080p frame at preset medium took 98-107 ms of one core of a 2-core AMD EPYC, more than the 80 ms a 12.5 fps
+# camera has for it and, beside the camera's base DNN, more than the box had; fast took 68 ms for 0.8% more bits
+# at 0.05 dB more PSNR (adl-rundle-6), and two frame threads (one frame more delay, 0.3% more bits) spread it over
+# both cores. Up to 720p, medium on one thread keeps up (bench README).
+LARGE_FRAME_PIXELS = 1280 * 720
+LARGE_FRAME_PRESET = "fast"
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ class StreamEncoder:
         self,
         fps: float,
         crf: int = 23,
-        preset: str = DEFAULT_PRESET,
+        preset: str | None = None,
         keyframe_interval: float = KEYFRAME_INTERVAL,
         fragment_seconds: float = FRAGMENT_SECONDS,
         bitrate_cap: int | None = None,
@@ -161,17 +168,27 @@ class StreamEncoder:
         context.time_base = 1 / Fraction(self.fps)
         # Keyframes are forced by this class only (event starts, the interval); scenecut still inserts one
         # where the picture changes completely. Parameter sets go with every keyframe: each GOP decodes alone.
-        # No B-frames, a short look-ahead, one thread and constant-rate timing: each frame's access unit comes
-        # out LOOKAHEAD frames later, in order. (x264's zerolatency tune, no look-ahead at all and sliced
-        # threads, costs 40% more bits on the car clip.)
+        # No B-frames, a short look-ahead, frame threads only for large frames and constant-rate timing: each
+        # frame's access unit comes out LOOKAHEAD (+1 with two threads) frames later, in order. (x264's zerolatency
+        # tune, no look-ahead at all and sliced threads, costs 40% more bits on the car clip.)
+        preset, threads = encoder_setup(context.width, context.height, preset)
         params = (
-            f"repeat-headers=1:forced-idr=1:keyint=infinite:bframes=0:threads=1:force-cfr=1:rc-lookahead={LOOKAHEAD}"
+            "repeat-headers=1:forced-idr=1:keyint=infinite:bframes=0:force-cfr=1:"
+            f"threads={threads}:rc-lookahead={LOOKAHEAD}"
         )
         if bitrate_cap is not None:
             params += f":vbv-maxrate={bitrate_cap // 1000}:vbv-bufsize={bitrate_cap // 1000}"
         context.options = {"preset": preset, "crf": str(crf), "x264-params": params}
         self._context, self._frame_size, self._size = context, (width, height), (context.width, context.height)
         return context
+
+
+def encoder_setup(width: int, height: int, preset: str | None = None) -> tuple[str, int]:
+    """x264's preset (the given one, else the default for the size) and threads for frames of this size (see
+    LARGE_FRAME_PIXELS)."""
+    if width * height <= LARGE_FRAME_PIXELS:
+        return preset or DEFAULT_PRESET, 1
+    return preset or LARGE_FRAME_PRESET, 2
 
 
 def roi_crop(rois: Iterable[ROI], width: int, height: int) -> Crop | None:

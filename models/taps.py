@@ -6,6 +6,7 @@ of the model's stride) and one float output per tap (N x C x H/stride x W/stride
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 IMAGE_INPUT = "image"
@@ -45,7 +46,21 @@ def check_input_size(input_size: tuple[int, int], stride: int = MODEL_STRIDE) ->
     return width, height
 
 
-def round_input_size(size: tuple[int, int], stride: int = MODEL_STRIDE) -> tuple[int, int]:
+# The input size a filter gets when none is given: its camera's frame, scaled down (aspect kept) to at most this
+# many pixels. The base DNN's cost grows with the pixels, and a 1080p frame at full size cannot be run in real time
+# on a small edge box (README, bench/cameras.py); a 16:9 camera of any resolution gets 768x448, the edge's default.
+DEFAULT_INPUT_PIXELS = 768 * 448
+
+
+def round_input_size(size: tuple[float, float], stride: int = MODEL_STRIDE) -> tuple[int, int]:
     """Nearest valid input size (multiples of the model stride) to a frame size."""
     width, height = size
     return max(stride, round(width / stride) * stride), max(stride, round(height / stride) * stride)
+
+
+def default_input_size(frame_size: tuple[int, int], pixels: int = DEFAULT_INPUT_PIXELS) -> tuple[int, int]:
+    """The base-DNN input size for filters of a camera with this frame size when none is given: the frame size,
+    scaled down to at most `pixels` pixels (aspect kept), rounded to valid sizes."""
+    width, height = frame_size
+    scale = min(1.0, math.sqrt(pixels / max(1, width * height)))
+    return round_input_size((width * scale, height * scale))

@@ -16,7 +16,7 @@ from support import clip_frames
 from cloud.fragments import frame_jpeg, join_mp4
 from common.fragment import Crop, Fragment, FragmentError, pack, unpack
 from edge.encoder import encode_jpeg
-from edge.stream_encoder import LOOKAHEAD, StreamEncoder, roi_crop
+from edge.stream_encoder import LOOKAHEAD, StreamEncoder, encoder_setup, roi_crop
 from models.errors import FilterForwardError
 from models.roi import ROI
 
@@ -209,3 +209,23 @@ def test_frames_leave_the_encoder_after_its_look_ahead_and_finish_drains_it(fram
     assert encoder.finish() == [] and encoder.cut() == []
     later = encoder.add(frames[20], FIRST + 20, (FIRST + 20) / FPS) + encoder.finish()
     assert later[0].header.gop == first[0].header.gop + 1 and later[0].header.frames[0].keyframe
+
+
+def test_a_1080p_stream_takes_a_faster_preset_on_two_threads_and_still_sends_every_frame_in_order(
+    frames: list[np.ndarray],
+) -> None:
+    """Above 720p x264 runs preset fast on two frame threads (one thread at medium cannot keep up with a 12.5 fps
+    1080p camera) unless the settings name a preset: frames still leave in order and every sent frame decodes."""
+    assert encoder_setup(1280, 720) == ("medium", 1)
+    assert encoder_setup(1920, 1080) == ("fast", 2)
+    assert encoder_setup(1920, 1080, "veryfast") == ("veryfast", 2)
+    large = [cv2.resize(frame, (1920, 1080)) for frame in frames[:12]]
+    encoder = StreamEncoder(FPS, preset="ultrafast", fragment_seconds=0.5)
+    fragments, sent = encode(large, [range(0, 12)], encoder)
+    assert [e.index for f in fragments for e in f.header.frames] == sorted(sent)
+    assert fragments[0].header.width == 1920 and fragments[0].header.height == 1080
+    with av.open(io.BytesIO(join_mp4(fragments))) as container:
+        decoded = [p.to_ndarray(format="bgr24") for p in container.decode(video=0)]
+    assert len(decoded) == len(sent)
+    for picture, original in zip(decoded, sent.values(), strict=True):
+        assert mean_abs_error(picture, original) < 6

@@ -29,7 +29,7 @@ from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_fea
 from models.microclassifiers import Ensemble, build_mc
 from models.roi import ROI
 from models.smoother import smooth_scores
-from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
+from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, default_input_size
 from models.training import (
     BalancedSampler,
     Logits,
@@ -151,6 +151,24 @@ def test_windowed_training_windows_start_with_zero_history(tiny: LabelledDataset
     assert windows.shape == (3, 5, *data.crop_chw)
     np.testing.assert_array_equal(valid.numpy(), [[False] * 4 + [True], [False] * 3 + [True] * 2, [True] * 5])
     np.testing.assert_array_equal(windows[2].numpy(), np.asarray(data.features[5:10], dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    ("frame", "expected"),
+    [
+        ((1920, 1080), (768, 448)),  # a 1080p camera's filters run at the edge's default size
+        ((1280, 720), (768, 448)),
+        ((3840, 2160), (768, 448)),
+        ((768, 432), (768, 448)),  # small frames are only rounded
+        ((640, 480), (640, 480)),
+        ((100, 80), (96, 64)),
+        ((1080, 1920), (448, 768)),  # portrait keeps its aspect
+    ],
+)
+def test_the_default_input_size_is_the_frame_scaled_down_to_a_pixel_budget(
+    frame: tuple[int, int], expected: tuple[int, int]
+) -> None:
+    assert default_input_size(frame) == expected
 
 
 def test_balanced_batches_are_half_positive() -> None:

@@ -282,7 +282,7 @@ def job_config(job: dict[str, Any], dataset: LabelledDataset, threads: int) -> T
     """`filterforward train`'s defaults for the job's event, over every labelled frame, with the job's options."""
     from models.datasets.labelled import UNCERTAIN
     from models.model_selection import CANDIDATES
-    from models.taps import round_input_size
+    from models.taps import default_input_size
     from models.training import TrainConfig
 
     event, options = job["event"], given_options(job)
@@ -296,7 +296,7 @@ def job_config(job: dict[str, Any], dataset: LabelledDataset, threads: int) -> T
     return TrainConfig(
         event=event,
         architecture=CANDIDATES[0][0] if arch == AUTO else arch,
-        input_size=tuple(size) if size else round_input_size(dataset.frame_size),
+        input_size=tuple(size) if size else default_input_size(dataset.frame_size),
         roi=dataset.roi(event),
         frames=(int(labelled[0]), int(labelled[-1]) + 1),
         steps=int(options.get("steps", TrainConfig.steps)),

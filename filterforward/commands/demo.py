@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--arch", default="localized", choices=tuple(MC_KINDS))
     parser.add_argument("--train-fraction", type=float, default=0.6, help="leading share of frames to train on")
     parser.add_argument("--frames", type=int, default=900, help="length of the synthetic clip")
-    parser.add_argument("--input-size", default=None, help="base-DNN input WxH (default: the clip's size rounded)")
+    parser.add_argument(
+        "--input-size", default=None, help="base-DNN input WxH (default: the clip's size, at most 768x448 pixels)"
+    )
     parser.add_argument("--steps", type=int, default=300, help="training steps")
     parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="working folder (default runs/demo)")
     parser.set_defaults(func=run)
@@ -41,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from filterforward.commands.options import parse_size
     from models.datasets import open_dataset, write_synthetic
     from models.errors import FilterForwardError
-    from models.taps import round_input_size
+    from models.taps import default_input_size
     from models.training import TrainConfig, train_mc
 
     if not 0.1 <= args.train_fraction <= 0.9:
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     event = args.event or ("red_in_region" if "red_in_region" in dataset.labels else dataset.events()[0])
     if event not in dataset.labels:
         raise FilterForwardError(f"dataset {dataset.name} has no event {event!r}; it has {dataset.events()}")
-    input_size = parse_size(args.input_size) if args.input_size else round_input_size(dataset.frame_size)
+    input_size = parse_size(args.input_size) if args.input_size else default_input_size(dataset.frame_size)
     split = int(dataset.n_frames * args.train_fraction)
 
     print(f"2/4 training a {args.arch} MC for {event!r} on frames 0:{split} at input {input_size[0]}x{input_size[1]}")

@@ -51,7 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the box around it and only the cells inside it); default: the event's region in dataset.yaml, else the full "
         "frame",
     )
-    parser.add_argument("--input-size", help="base-DNN input WxH, multiples of 32 (default: the frame size rounded)")
+    parser.add_argument(
+        "--input-size", help="base-DNN input WxH, multiples of 32 (default: the frame size, at most 768x448 px)"
+    )
     parser.add_argument("--frames", default=None, help="training frames START:STOP (default: the first half)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size, half positives (default 32)")
@@ -131,7 +133,7 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
     """Train and summarise one MC (MCs after the first on the same tap and ROI reuse the cached features)."""
     from filterforward.commands.options import parse_range, parse_size
     from models.model_selection import CANDIDATES, choose_kind, train_default
-    from models.taps import round_input_size
+    from models.taps import default_input_size
     from models.training import TrainConfig, parse_curriculum, train_mc
 
     if args.arch == AUTO and args.tap:
@@ -140,7 +142,7 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
     config = TrainConfig(
         event=event,
         architecture=CANDIDATES[0][0] if args.arch == AUTO else args.arch,
-        input_size=parse_size(args.input_size) if args.input_size else round_input_size(dataset.frame_size),
+        input_size=parse_size(args.input_size) if args.input_size else default_input_size(dataset.frame_size),
         tap=args.tap,
         roi=parse_region(args.roi) if args.roi else dataset.roi(event),
         frames=frames,
