@@ -31,13 +31,14 @@ import numpy as np
 import onnxruntime as ort
 from tqdm import tqdm
 
+from common.fragment import Fragment
 from edge.mcbank import CameraState, MCBank
 from edge.pipeline import CameraPipeline
 from edge.sink import MatchedFrame
 from edge.sources import Frame, open_source
 from models.basednn import BaseDNN
 from models.errors import FilterForwardError
-from models.filterspec import FilterSpec, Smoothing
+from models.filterspec import Encoding, FilterSpec, Smoothing
 from models.roi import FULL_FRAME, ROI
 from models.smoother import Event
 from models.taps import PIXEL_TAP, PIXELS, Tap, check_input_size
@@ -98,6 +99,9 @@ class DiscardSink:
         self.indices.add(matched.index)
 
     def event(self, kind: Literal["start", "end"], event: Event, clip: bytes | None = None) -> None:
+        pass
+
+    def fragment(self, camera: str, fragment: Fragment) -> None:
         pass
 
     def close(self) -> None:
@@ -206,6 +210,7 @@ def build_fleet(kind: Kind, count: int, base: BaseDNN, seed: int) -> list[Filter
             roi=roi,
             input_size=base.input_size,
             window=WINDOW,
+            encoding=Encoding(kind="jpeg"),  # a JPEG per matched frame on the timed thread, as the method says
         )
         fleet.append(Filter(spec, export_mc(model, crop)))
     return fleet
