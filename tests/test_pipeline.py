@@ -109,6 +109,31 @@ def test_stream_is_the_default_and_sends_each_matched_frame_once_in_fragments(
     assert units < pipeline.stats.bytes_out < units + 2000 * len(fragments)  # the units plus small headers
 
 
+def test_a_stream_event_that_ends_mid_clip_sends_its_end_after_its_fragments(
+    short_clip, base, make_filter, tmp_path
+) -> None:
+    """The end message goes from the encoding thread, behind the event's fragments, while the camera goes on."""
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("full_frame", "late", SIZE, name="streamer", bias=10.0))
+    bank.put(*make_filter("full_frame", "late", SIZE, name="jpegs", bias=10.0, encoding=JPEG))
+    sink = FolderSink(tmp_path)
+    with open_source(str(short_clip), pacing="every-frame") as source:
+        pipeline = CameraPipeline("cam", base, bank, sink, source.fps)
+        for frame in source:
+            if frame.index == 20:
+                bank.remove("streamer")  # its event ends at frame 19; the camera goes on with the JPEG filter
+            pipeline.process(frame)
+    pipeline.end_events()
+    sink.close()
+    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    end = next(i for i, r in enumerate(records) if r["type"] == "event_end" and r["filter"] == "streamer")
+    fragments = [i for i, r in enumerate(records) if r["type"] == "fragment"]
+    assert records[end]["end_frame"] == 19
+    assert [f for r in records if r["type"] == "fragment" for f in r["frames"]] == list(range(20))
+    assert max(fragments) < end  # every fragment of the event went before its end
+    assert sorted(r["index"] for r in records if r["type"] == "frame" and "jpegs" in r["scores"]) == list(range(40))
+
+
 def test_stream_upload_scale_downsizes_what_is_sent(short_clip, base, make_filter, tmp_path) -> None:
     bank = MCBank(base.taps, SIZE)
     bank.put(*make_filter("full_frame", "late", SIZE, name="small", bias=10.0, encoding=Encoding(kind="stream")))
