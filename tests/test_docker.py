@@ -200,7 +200,7 @@ class Stack:
         self.compose("stop")  # what the grace period bounds; removing vfs copies of the containers is timed apart
         took = time.monotonic() - started
         self.compose("down", "--volumes")
-        print(f"stop took {took:.0f} s, removal {time.monotonic() - started - took:.0f} s", file=sys.stderr)
+        removal = time.monotonic() - started - took
         until = self.engine.docker("info", "--format", "{{json .SystemTime}}").stdout.strip().strip('"')
         events = self.engine.docker(
             "events", "--since", since, "--until", until, "--filter", "event=die",
@@ -212,7 +212,7 @@ class Stack:
         running = {name for name, spec in self.services.items() if spec.get("restart") != "no"}
         assert all(exits.get(name) == "0" for name in running), f"exit statuses after SIGTERM: {exits}"
         assert took < grace + 15, f"stopping took {took:.0f} s (grace period {grace:.0f} s)"
-        print(f"{self.name}: down in {took:.1f} s, exits {exits}", file=sys.stderr)
+        print(f"{self.name}: stopped in {took:.1f} s, removed in {removal:.0f} s, exits {exits}", file=sys.stderr)
 
 
 @pytest.fixture
