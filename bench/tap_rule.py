@@ -94,7 +94,9 @@ def case_clip(case: Case) -> Clip:
     return dataclasses.replace(clip, events=events, train_stop=case.train_stop)
 
 
-def run_case(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[int]) -> list[Outcome]:
+def run_case(
+    case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[int], scales: tuple[float, ...] = ()
+) -> list[Outcome]:
     from models.training import TrainConfig, train_mc
 
     outcomes = []
@@ -113,6 +115,7 @@ def run_case(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[in
                     frames=(0, case.train_stop),
                     seed=seed,
                     ensemble=ENSEMBLE,
+                    scales=scales,
                     name=f"{case.event}-{tap}-{seed}".replace("_", "-"),
                 )
                 bundle = Path(folder) / f"{tap}-{seed}"
@@ -191,14 +194,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=seed_range, default=(0, 1, 2), help="seeds, e.g. 0-2 (default)")
     parser.add_argument("--sizes", default="half", help="comma-separated: default, half (default: half)")
     parser.add_argument("--json", type=Path, help="also write every outcome as JSON here")
+    parser.add_argument("--scales", default="", help="training scales of the candidates, e.g. 0.75,1.25")
     parser.add_argument("--cases", help="only the cases whose 'clip event' contains one of these (comma-separated)")
     args = parser.parse_args(argv)
     outcomes: list[Outcome] = []
     wanted = args.cases.split(",") if args.cases else [""]
+    scales = tuple(float(scale) for scale in args.scales.split(",") if scale)
     for case in (c for c in CASES if any(w in f"{c.clip} {c.event}" for w in wanted)):
         dataset = open_clip(case_clip(case), args.data)
         for size in args.sizes.split(","):
-            outcomes += run_case(case, dataset, size, args.seeds)
+            outcomes += run_case(case, dataset, size, args.seeds, scales)
         print_report(outcomes)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,8 @@ class MCKind:
     # Decides on the last W frames: trained on windows, and on the edge its ONNX model takes a `history`
     # input and returns this frame's `reduced` features for the next frames.
     windowed: bool = False
+    # One classifier per cell of its crop, whatever the crop's size: it can train on other input sizes too.
+    cellwise: bool = False
 
     @property
     def reads_pixels(self) -> bool:
@@ -32,7 +34,7 @@ AUTO = "auto"  # in place of a kind: the one cross-validation chooses (models.mo
 MC_KINDS: Registry[MCKind] = Registry(
     "MC architecture",
     [
-        MCKind("full_frame", "models.microclassifiers:FullFrame", "late"),
+        MCKind("full_frame", "models.microclassifiers:FullFrame", "late", cellwise=True),
         MCKind("localized", "models.microclassifiers:Localized", "mid"),
         MCKind("windowed", "models.microclassifiers:Windowed", "mid", windowed=True),
         MCKind("discrete", "models.microclassifiers:Discrete", PIXELS),

@@ -134,21 +134,23 @@ class FullFrame(MicroClassifier):
     def for_crop(cls, channels: int, crop_hw: tuple[int, int], window: int, mask: np.ndarray | None) -> Self:
         return cls(channels, mask)  # one classifier per cell: the crop's size does not shape it
 
-    def cell_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """[B, h*w] logits per cell, cells outside the region far below any real logit."""
+    def cell_logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, h*w] logits per cell, cells outside the region far below any real logit. `valid` (bool [B, h, w]):
+        the region's cells of crops of another size than the MC's own (training on other input sizes)."""
         cells = self.cells(features).flatten(1)
-        return cells if self.mask is None else cells.masked_fill(~self.mask.flatten(), OUTSIDE_LOGIT)
+        mask = self.mask if valid is None else valid
+        return cells if mask is None else cells.masked_fill(~mask.flatten(-2), OUTSIDE_LOGIT)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
-            return self._max_cell_with_grad(features)
-        return self.cell_logits(features).amax(dim=1)
+            return self._max_cell_with_grad(features, valid)
+        return self.cell_logits(features, valid).amax(dim=1)
 
-    def _max_cell_with_grad(self, features: torch.Tensor) -> torch.Tensor:
+    def _max_cell_with_grad(self, features: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """The same max, computed for training at a third of the cost: the gradient of a max reaches only the
         winning cell, so the cells are ranked without autograd and only each sample's winner is run with it."""
         with torch.no_grad():
-            winners = self.cell_logits(features).argmax(dim=1)
+            winners = self.cell_logits(features, valid).argmax(dim=1)
         picked = features.flatten(2)[torch.arange(features.shape[0], device=features.device), :, winners]
         return self.cells(picked[:, :, None, None]).flatten()
 

@@ -44,7 +44,7 @@ from models.mc_kinds import MC_KINDS, MCKind
 from models.microclassifiers import Ensemble, MicroClassifier, build_mc
 from models.optimizer_kinds import OPTIMIZERS
 from models.roi import FULL_FRAME, ROI
-from models.taps import PIXEL_TAP, PIXELS
+from models.taps import PIXEL_TAP, PIXELS, round_input_size
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +149,10 @@ class TrainConfig:
     # MCs are tiny: one CPU thread is as fast as several and does not collapse when cores are shared.
     threads: int = 1
     ensemble: int = 1  # members (single-frame kinds) sharing `steps`, their median logit in one graph
+    # Scale augmentation of a per-cell MC: its training frames also at these multiples of input_size (a real
+    # base-DNN pass each), so that it has seen its objects larger and smaller than they were. Only the edge's
+    # input size is exported and scored.
+    scales: tuple[float, ...] = ()
 
     @property
     def member_steps(self) -> int:
@@ -169,6 +173,15 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class ScaledView:
+    """The training crops at another base-DNN input size (TrainConfig.scales)."""
+
+    input_size: tuple[int, int]
+    cells_last: np.ndarray  # float32 [n, h, w, C], row i is frame TrainingData.first + i
+    mask: np.ndarray  # bool [h, w]: the crop's cells inside the region at this size
+
+
+@dataclass(frozen=True)
 class TrainingData:
     """Cached crops of frames `first`.. and the labels of the frames to train on (uncertain ones left out)."""
 
@@ -182,6 +195,7 @@ class TrainingData:
     fps: float
     mask: np.ndarray  # bool [h, w]: the crop's cells inside the region
     cells_last: np.ndarray | None  # single-frame MCs: the features as float32 [n, h, w, C], in memory
+    views: tuple[ScaledView, ...] = ()  # the same frames at other input sizes, for training only
 
     @property
     def crop_chw(self) -> tuple[int, int, int]:
@@ -198,9 +212,16 @@ class TrainingData:
         labels[self.span[0] :] = self.labels
         return labels
 
-    def inputs(self, frames: np.ndarray, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None]:
+    def inputs(
+        self, frames: np.ndarray, device: str = "cpu", view: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Model inputs for these frames: crops [B, C, h, w], or for windowed MCs windows [B, W, C, h, w]
-        with a mask that is False for frames before frame 0 (the edge's zero history at stream start)."""
+        with a mask that is False for frames before frame 0 (the edge's zero history at stream start).
+        View v > 0: the crops at `views[v - 1]`'s input size, with that size's region cells [B, h, w]."""
+        if view:
+            scaled = self.views[view - 1]
+            features = torch.from_numpy(scaled.cells_last[frames - self.first]).to(device).permute(0, 3, 1, 2)
+            return features, torch.from_numpy(scaled.mask).to(device).expand(len(frames), *scaled.mask.shape)
         if self.cells_last is not None:
             # A channels-last view: a 1x1 conv over every cell (the full-frame MC) runs several times faster.
             return torch.from_numpy(self.cells_last[frames - self.first]).to(device).permute(0, 3, 1, 2), None
@@ -373,6 +394,11 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
             f"an ensemble has 1 to {MAX_ENSEMBLE} members of a single-frame kind, got {config.ensemble} of "
             f"{config.architecture}: lower --ensemble or use another kind"
         )
+    if config.scales and (not kind.cellwise or not all(0.25 <= scale <= 4.0 for scale in config.scales)):
+        raise FilterForwardError(
+            f"training scales {', '.join(map(str, config.scales))} need a {_kinds_that(lambda k: k.cellwise)} MC "
+            f"and factors from 0.25 to 4, not {config.architecture}: drop them or change the kind"
+        )
     if config.steps < 1 or config.batch_size < 2 or config.threads < 1:
         raise FilterForwardError(
             f"need steps >= 1, batch size >= 2 and threads >= 1, got {config.steps}, {config.batch_size} and "
@@ -437,9 +463,40 @@ def load_training_data(
     tap_shape = _tap_shape(config, model_path)
     mask = config.roi.cell_mask(*tap_shape[1:])
     cells_last = np.ascontiguousarray(np.moveaxis(features, 1, -1), np.float32) if config.context == 1 else None
+    views = tuple(_scaled_view(dataset, config, scale, (first, stop), model_path, progress) for scale in config.scales)
     return TrainingData(
-        features, first, (start, stop), labels, start + certain, targets, config.context, dataset.fps, mask, cells_last
+        features,
+        first,
+        (start, stop),
+        labels,
+        start + certain,
+        targets,
+        config.context,
+        dataset.fps,
+        mask,
+        cells_last,
+        views,
     )
+
+
+def scaled_size(input_size: tuple[int, int], scale: float) -> tuple[int, int]:
+    width, height = input_size
+    return round_input_size((width * scale, height * scale))
+
+
+def _scaled_view(
+    dataset: LabelledDataset,
+    config: TrainConfig,
+    scale: float,
+    span: tuple[int, int],
+    model_path: Path | None,
+    progress: bool,
+) -> ScaledView:
+    size = scaled_size(config.input_size, scale)
+    request = FeatureRequest(config.tap_name, config.roi)
+    features = cached_features(dataset, [request], size, span, model_path, progress=progress)[request]
+    mask = config.roi.cell_mask(*tap_shape(config.tap_name, size, model_path)[1:])
+    return ScaledView(size, np.ascontiguousarray(np.moveaxis(features, 1, -1), np.float32), mask)
 
 
 def make_optimizer(
@@ -491,12 +548,15 @@ def train_steps(
     moved `config.label_smoothing` towards 0.5, with the config's curricula; the loss of each step.
     `on_step(step)` runs after each step (the net is back in training mode after it)."""
     steps, device, curricula, label_smoothing = config.steps, config.device, config.curricula, config.label_smoothing
+    # Which view each step trains on: the input size itself or one of the scaled ones, uniformly.
+    views = np.random.default_rng(config.seed).integers(0, len(data.views) + 1, steps)
     net.to(device).train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
     losses: list[float] = []
     with tqdm(total=steps, desc="training MC", unit="step", disable=not progress) as bar:
         for step, (frames, targets) in zip(range(1, steps + 1), batches, strict=False):
-            features, valid, difficulties = curriculum_inputs(*data.inputs(frames, device), curricula, step)
+            inputs = data.inputs(frames, device, int(views[step - 1]))
+            features, valid, difficulties = curriculum_inputs(*inputs, curricula, step)
             smoothed = targets * (1.0 - 2.0 * label_smoothing) + label_smoothing
             loss = loss_fn(net(features, valid), torch.from_numpy(smoothed).to(device))
             optimizer.zero_grad(set_to_none=True)

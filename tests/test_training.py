@@ -242,6 +242,11 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     assert "region '0.5,0,0.2,1' is not valid (ROI needs x0 < x1" in capsys.readouterr().err
     assert main(base) == 2
     assert "several events" in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--scales", "0.75,big"]) == 2
+    assert "scales '0.75,big' are not comma-separated numbers, e.g. 0.75,1.25" in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--arch", "localized", "--scales", "1.5"]) == 2
+    expected = "training scales 1.5 need a full_frame MC and factors from 0.25 to 4, not localized"
+    assert expected in capsys.readouterr().err
 
 
 def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
@@ -386,3 +391,53 @@ def test_an_ensemble_spreads_the_steps_over_members_of_different_seeds(
     windowed = dataclasses.replace(config, architecture="windowed")
     with pytest.raises(FilterForwardError, match="an ensemble has 1 to 8 members of a single-frame kind"):
         load_training_data(tiny, windowed, base_model, progress=False)
+
+
+TRIANGLE = ROI(polygon=((0.3, 0.0), (1.0, 0.0), (1.0, 1.0)))
+
+
+def test_scaled_training_views_are_the_base_dnn_at_other_input_sizes(tiny: LabelledDataset, base_model: Path) -> None:
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 48),
+                         roi=TRIANGLE, scales=(0.5, 1.5))  # fmt: skip
+    data = load_training_data(tiny, config, base_model, progress=False)
+    assert [view.input_size for view in data.views] == [(64, 64), (192, 128)]  # rounded to multiples of 32
+    frames = np.array([3, 7, 40])
+    for number, view in enumerate(data.views, start=1):
+        request = FeatureRequest("late", TRIANGLE)
+        cached = cached_features(tiny, [request], view.input_size, None, base_model, progress=False)[request]
+        tap = EFFICIENTNET_LITE0_TAPS["late"].shape(view.input_size)
+        np.testing.assert_array_equal(view.mask, TRIANGLE.cell_mask(*tap[1:]))
+        features, valid = data.inputs(frames, view=number)
+        np.testing.assert_array_equal(features.numpy(), cached[frames].astype(np.float32))
+        assert valid.shape == (3, *view.mask.shape) and (valid.numpy() == view.mask).all()
+        # An MC trained at the edge's size takes a view's region cells in place of its own mask.
+        own = build_mc("full_frame", 320, data.crop_chw[1:], 1, data.mask).eval()
+        at_view = build_mc("full_frame", 320, view.mask.shape, 1, view.mask).eval()
+        at_view.load_state_dict({k: v for k, v in own.state_dict().items() if k != "mask"}, strict=False)
+        with torch.no_grad():
+            torch.testing.assert_close(own.logits(features, valid), at_view.logits(features))
+    assert data.only(data.frames[:10]).views == data.views  # a cross-validation fold trains on the views too
+
+
+def test_scaled_training_trains_on_every_view_and_exports_the_edge_size(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path
+) -> None:
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 48),
+                         roi=TRIANGLE, scales=(0.5, 1.5), steps=30)  # fmt: skip
+    data = load_training_data(tiny, config, base_model, progress=False)
+    shapes: list[tuple[int, ...]] = []
+    model = new_model(config, data)
+    model.cells.register_forward_pre_hook(lambda _module, inputs: shapes.append(tuple(inputs[0].shape[2:])))
+    optimizer = make_optimizer("adam", model.parameters(), 1e-3, 30)
+    sampler = BalancedSampler(data.frames, data.targets, 8, 0)
+    train_steps(Logits(model), data, optimizer, sampler, config, progress=False)
+    sizes = {data.crop_chw[1:], *(view.mask.shape for view in data.views)}
+    ranked = set(shapes) - {(1, 1)}  # every cell ranked without autograd, then each winner run with it
+    assert ranked == sizes and len(sizes) == 3  # every view trained on, the edge's size included
+    result = train_mc(tiny, config, tmp_path / "bundle", base_model, progress=False)
+    spec, onnx_bytes = load_bundle(result.bundle)
+    assert spec.input_size == TINY_SIZE
+    check_mc_model(spec, onnx_bytes, EFFICIENTNET_LITE0_TAPS["late"].shape(TINY_SIZE))
+    for bad in ({"architecture": "localized", "tap": "mid"}, {"scales": (8.0,)}):
+        with pytest.raises(FilterForwardError, match=r"training scales .* need a full_frame MC and factors from"):
+            load_training_data(tiny, dataclasses.replace(config, **bad), base_model, progress=False)

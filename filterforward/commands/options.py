@@ -28,3 +28,11 @@ def parse_range(text: str, length: int) -> tuple[int, int]:
     if start >= stop:
         raise FilterForwardError(f"frame range {text!r} selects no frames of the {length} available")
     return start, stop
+
+
+def parse_scales(text: str) -> tuple[float, ...]:
+    """'0.75,1.25' -> (0.75, 1.25)."""
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise FilterForwardError(f"scales {text!r} are not comma-separated numbers, e.g. 0.75,1.25") from None

@@ -54,6 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--input-size", help="base-DNN input WxH, multiples of 32 (default: the frame size, at most 768x448 px)"
     )
+    parser.add_argument(
+        "--scales",
+        help="also train on the frames at these multiples of the input size, e.g. 0.75,1.25 (one more base-DNN pass "
+        "each; full_frame and the default filter; the filter still runs at --input-size; default: none)",
+    )
     parser.add_argument("--frames", default=None, help="training frames START:STOP (default: the first half)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size, half positives (default 32)")
@@ -131,7 +136,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, out: Path) -> None:
     """Train and summarise one MC (MCs after the first on the same tap and ROI reuse the cached features)."""
-    from filterforward.commands.options import parse_range, parse_size
+    from filterforward.commands.options import parse_range, parse_scales, parse_size
     from models.model_selection import CANDIDATES, choose_kind, train_default
     from models.taps import default_input_size
     from models.training import TrainConfig, parse_curriculum, train_mc
@@ -155,6 +160,7 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
         curricula=tuple(parse_curriculum(text) for text in args.curriculum),
         name=args.name,
         threads=args.threads,
+        scales=parse_scales(args.scales) if args.scales else (),
     )
     candidates = []
     if args.arch == AUTO and args.nproc == 1:
