@@ -25,14 +25,13 @@ from pathlib import Path
 import numpy as np
 from generalization import input_size, open_clip
 from tap_alternatives import dev_arguments, logit, run_checks, sigmoid
-from tap_rule import CASES, Case, case_clip
+from tap_rule import CASES, CONTINUATION, Case, case_clip
 
 from models.crossval import choose_operating_point, summarize
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
 from models.model_selection import CANDIDATES, ENSEMBLE, TIE
 from models.training import ENSEMBLE_SEED_STEP, TrainConfig, cross_validate, fit_mc, load_training_data, predict
 
-CONTINUATION = Case("intel-car-detection", "white_vehicle_present", 80, 180)
 Combine = Callable[[np.ndarray], np.ndarray]  # members' logits [M, N] -> one score per frame (probability)
 
 
