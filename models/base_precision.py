@@ -2,12 +2,15 @@
 
 int8 is ONNX Runtime's static QDQ quantization: 8-bit weights per output channel, uint8 activations per tensor
 with min/max ranges seen on real frames of the operator's cameras. The weights are int8 where the CPU has an int8
-dot product that does not saturate (x86 VNNI or AMX, ARM) and uint8 on other x86 CPUs: there the u8 x s8 kernels
-add pairs of products in int16 and clip them (ONNX Runtime's documented AVX2 caveat), which took the worst tap
-cosine vs fp32 from 0.995 to 0.979 on an AVX2-only AMD EPYC (0.989 with uint8 weights). The stem and the first
-block stay fp32: their per-tensor activation ranges are so wide that uint8 wipes out the weak channels, and that
-error grows through the net (mean tap cosine vs fp32 at 768x448: 0.94 with them in int8, 0.99 without, for ~10%
-more time). bf16 is the fp32 graph marked bf16: the runtime does the arithmetic in bf16 (models/base_runtime.py),
+dot product that does not saturate (x86 VNNI or AMX, ARM); on other x86 CPUs the u8 x s8 kernels add pairs of
+products in int16 and clip them (ONNX Runtime's documented AVX2 caveat), so there the weights keep to 7 bits
+(`int7`: int8 values in -64..64, the quantizer's reduce_range), whose pair sums cannot clip. On an AVX2-only AMD
+EPYC that took the mean late-tap cosine vs fp32 from 0.986 to 0.989 at the same speed; uint8 weights (0.994)
+fall off ONNX Runtime's fast kernels: 184 ms a frame against 32 (fp32 45), and OpenVINO's 48 against 28.
+
+The stem and the first block stay fp32: their per-tensor activation ranges are so wide that uint8 wipes out
+the weak channels, and that error grows through the net (mean tap cosine vs fp32 at 768x448: 0.94 with them in
+int8, 0.99 without, for ~10% more time). bf16 is the fp32 graph marked bf16: the runtime does the arithmetic in bf16 (models/base_runtime.py),
 so there is nothing to calibrate.
 
 An export is a separate ONNX file whose metadata names the model, its precision, the digest of the fp32 file it
@@ -46,7 +49,7 @@ DEFAULT_CALIBRATION_FRAMES = 64
 FP32_PREFIXES = ("/net/stem/", "/net/blocks.0/")
 SOURCE_KEY = "source_digest"  # under filterforward.*: the fp32 file an export came from
 CALIBRATION_KEY = "calibration"
-WEIGHTS_KEY = "int8_weights"  # int8 or uint8 (see the module docstring)
+WEIGHTS_KEY = "int8_weights"  # int8 or int7 (see the module docstring)
 # /proc/cpuinfo flags of x86 int8 dot products that accumulate in int32 without saturating.
 X86_INT8_DOT = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
 
@@ -152,21 +155,21 @@ def calibration_record(sources: Sequence[Path], images: np.ndarray) -> str:
 
 
 def int8_weights(machine: str | None = None, cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The 8-bit weight type this CPU runs without saturation: int8, or uint8 on x86 without VNNI/AMX (also where
-    the flags cannot be read)."""
+    """The 8-bit weights this CPU runs fast and without saturation: int8, or int7 (int8 at 7 bits) on x86 without
+    VNNI/AMX (also where the flags cannot be read)."""
     machine = (machine or platform.machine()).lower()
     if machine not in ("x86_64", "amd64", "i386", "i686"):
         return "int8"
     try:
         flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for flag in line.split()}
     except OSError:
-        return "uint8"
-    return "int8" if flags & X86_INT8_DOT else "uint8"
+        return "int7"
+    return "int8" if flags & X86_INT8_DOT else "int7"
 
 
 def quantize_int8(source: Path, images: np.ndarray, weights: str) -> onnx.ModelProto:
     """Static QDQ quantization of the fp32 model at `source`, calibrated on `images`, with `weights` (int8 or
-    uint8) weights."""
+    int7) weights."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -191,7 +194,8 @@ def quantize_int8(source: Path, images: np.ndarray, weights: str) -> onnx.ModelP
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8 if weights == "int8" else QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            reduce_range=weights == "int7",
             nodes_to_exclude=fp32_nodes(onnx.load(str(prepared))),
         )
         return onnx.load(str(out))

@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
+from onnx import numpy_helper
 
 from edge.mcbank import MCBank
 from filterforward.cli import main
@@ -24,9 +26,10 @@ SIZE = (256, 160)
 CALIBRATION_FRAMES = 8  # spread evenly over the car clip; the frames checked below are none of them
 TAPS = ("early", "mid", "late")
 # Worst tap cosine vs fp32 over the held-out frames, measured at this size and calibration: int8 0.995 (late tap)
-# on ONNX Runtime and on OpenVINO on an Intel Xeon with VNNI, 0.989 on an AVX2-only AMD EPYC (uint8 weights there,
-# models/base_precision.py), bf16 0.995 (mid tap). The bounds leave a margin for other CPUs' kernels.
-MIN_INT8_COSINE = 0.985
+# on ONNX Runtime and on OpenVINO on an Intel Xeon with VNNI; 0.979 (mid tap) on an AVX2-only AMD EPYC, whose
+# weights keep to 7 bits (models/base_precision.py); bf16 0.995 (mid tap). The bounds leave a margin for other
+# CPUs' kernels.
+MIN_INT8_COSINE = {"int8": 0.985, "int7": 0.97}
 MIN_BF16_COSINE = 0.985
 HAS_OPENVINO = openvino_capabilities() is not None
 
@@ -94,7 +97,7 @@ def test_int8_taps_are_close_to_fp32_on_held_out_frames(
     int8 = BaseDNN(SIZE, int8_model, threads=2, runtime=runtime)
     assert int8.identity.precision == "int8" and set(TAPS) <= int8.taps.keys()
     worst = min_cosine(BaseDNN(SIZE, base_model, threads=2), int8, held_out)
-    assert min(worst.values()) >= MIN_INT8_COSINE, worst
+    assert min(worst.values()) >= MIN_INT8_COSINE[int8_weights()], worst
 
 
 def test_bf16_is_the_fp32_graph_and_runs_everywhere(bf16_model: Path, base_model: Path, held_out: np.ndarray) -> None:
@@ -155,7 +158,7 @@ def test_features_are_cached_per_base_model(
     fp32 = cached_features(dataset, [request], SIZE, (0, 4), base_model, progress=False)[request]
     int8 = cached_features(dataset, [request], SIZE, (0, 4), int8_model, progress=False)[request]
     assert not np.array_equal(fp32, int8)  # not served the other model's features
-    assert np.corrcoef(fp32.ravel(), int8.ravel())[0, 1] > 0.95
+    assert np.corrcoef(fp32.ravel(), int8.ravel())[0, 1] > 0.9  # yet the same model's (0.94 with 7-bit weights)
 
 
 @pytest.mark.parametrize(
@@ -202,9 +205,9 @@ def test_the_default_fp32_export_is_the_file_the_edge_reads(
     ("machine", "flags", "expected"),
     [
         ("x86_64", "fpu avx2 avx512f avx512_vnni", "int8"),  # Intel with VNNI (and AMX): no saturation
-        ("x86_64", "fpu avx avx2", "uint8"),  # AVX2 only: u8 x s8 pairs clip in int16
+        ("x86_64", "fpu avx avx2", "int7"),  # AVX2 only: u8 x s8 pairs of 8-bit weights would clip in int16
         ("aarch64", "", "int8"),
-        ("x86_64", None, "uint8"),  # flags unreadable: the choice that is right on every x86
+        ("x86_64", None, "int7"),  # flags unreadable: the choice that is right on every x86
     ],
 )
 def test_int8_weights_follow_the_cpus_dot_product(machine: str, flags: str | None, expected: str, tmp_path) -> None:
@@ -215,4 +218,12 @@ def test_int8_weights_follow_the_cpus_dot_product(machine: str, flags: str | Non
 
 
 def test_the_int8_export_records_its_weight_type(int8_model: Path) -> None:
-    assert metadata(int8_model)[f"filterforward.{WEIGHTS_KEY}"] == int8_weights()
+    weights = metadata(int8_model)[f"filterforward.{WEIGHTS_KEY}"]
+    assert weights == int8_weights()
+    model = onnx.load(str(int8_model))
+    values = [numpy_helper.to_array(t) for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8]
+    low, high = min(int(v.min()) for v in values), max(int(v.max()) for v in values)
+    if weights == "int7":  # 7-bit weights: a pair of u8 x s8 products cannot leave int16
+        assert low >= -64 and high <= 64
+    else:
+        assert low < -64 or high > 64  # the full int8 range is used
