@@ -10,8 +10,8 @@ fall off ONNX Runtime's fast kernels: 184 ms a frame against 32 (fp32 45), and O
 
 The stem and the first block stay fp32: their per-tensor activation ranges are so wide that uint8 wipes out
 the weak channels, and that error grows through the net (mean tap cosine vs fp32 at 768x448: 0.94 with them in
-int8, 0.99 without, for ~10% more time). bf16 is the fp32 graph marked bf16: the runtime does the arithmetic in bf16 (models/base_runtime.py),
-so there is nothing to calibrate.
+int8, 0.99 without, for ~10% more time). bf16 is the fp32 graph marked bf16: the runtime does the arithmetic
+in bf16 (models/base_runtime.py), so there is nothing to calibrate.
 
 An export is a separate ONNX file whose metadata names the model, its precision, the digest of the fp32 file it
 came from and (int8) a key of the calibration frames; the same inputs give the same bytes, and an existing file
