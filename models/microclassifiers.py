@@ -260,21 +260,64 @@ class Ensemble(MicroClassifier):
         self.architecture = kinds.pop()
         self.members = nn.ModuleList(members)
         self.mask = None  # each member masks its own input
+        # Trained full-frame members run as one per-cell classifier: a layer is one GEMM for all of them.
+        self.stacked = StackedCells(members) if StackedCells.fits(members) else None
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-        return median([member.logits(features) for member in self.members])
+        if self.stacked is not None:
+            return median(self.stacked.member_logits(features), dim=1)
+        return median(torch.stack([member.logits(features) for member in self.members]))
 
     def cell_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The members' per-cell median logits (full-frame members only)."""
-        return median([member.cell_logits(features) for member in self.members])
+        return median(torch.stack([member.cell_logits(features) for member in self.members]))
 
 
-def median(values: list[torch.Tensor]) -> torch.Tensor:
-    """The elementwise median of same-shaped tensors (the mean of the middle two for an even count); the sort
-    exports to ONNX, and the count is a Python int, a constant of the exported graph."""
-    ordered = torch.stack(values).sort(dim=0).values
-    middle = len(values) // 2
-    return ordered[middle] if len(values) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+class StackedCells(nn.Module):
+    """M full-frame MCs with one region mask as one module: their first 1x1 convs side by side in one conv, the
+    later ones as grouped convs (group i is member i), so the edge runs three convs per ensemble instead of three
+    per member, each as wide as all members together. A copy of the members' weights: build it after training."""
+
+    def __init__(self, members: list[MicroClassifier]):
+        super().__init__()
+        layers = [[m for m in member.cells if isinstance(m, nn.Conv2d)] for member in members]
+        self.cells = nn.Sequential()
+        for depth, convs in enumerate(zip(*layers, strict=True)):
+            groups = 1 if depth == 0 else len(members)
+            stacked = nn.Conv2d(convs[0].in_channels * groups, sum(c.out_channels for c in convs), 1, groups=groups)
+            with torch.no_grad():
+                stacked.weight.copy_(torch.cat([c.weight for c in convs]))
+                stacked.bias.copy_(torch.cat([c.bias for c in convs]))
+            self.cells.append(stacked)
+            if depth < len(layers[0]) - 1:  # a ReLU after every conv but the last, as in FullFrame
+                self.cells.append(nn.ReLU(inplace=True))
+        self.register_buffer("mask", members[0].mask)
+
+    @staticmethod
+    def fits(members: list[MicroClassifier]) -> bool:
+        """Full-frame members of one shape and one mask (an ensemble trained on one crop)."""
+        if not all(isinstance(member, FullFrame) for member in members):
+            return False
+        shapes = {tuple(p.shape for p in member.cells.parameters()) for member in members}
+        masks = [member.mask for member in members]
+        same_mask = all(m is None for m in masks) or all(m is not None and torch.equal(m, masks[0]) for m in masks)
+        return len(shapes) == 1 and same_mask
+
+    def member_logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[B, M]: each member's max over the region's cells."""
+        cells = self.cells(features).flatten(2)
+        if self.mask is not None:
+            cells = cells.masked_fill(~self.mask.flatten(), OUTSIDE_LOGIT)
+        return cells.amax(dim=2)
+
+
+def median(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """The median along `dim` (the mean of the middle two for an even count); the sort exports to ONNX, and the
+    count is a constant of the exported graph."""
+    ordered = values.sort(dim=dim).values
+    count = values.shape[dim]
+    middle = ordered.narrow(dim, count // 2, 1).squeeze(dim)
+    return middle if count % 2 else (ordered.narrow(dim, count // 2 - 1, 1).squeeze(dim) + middle) / 2
 
 
 def build_mc(

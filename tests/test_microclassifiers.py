@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -181,12 +182,13 @@ def test_a_mask_must_fit_the_crop() -> None:
         build_mc("full_frame", 8, (4, 5), mask=np.zeros((4, 5), bool))
 
 
-@pytest.mark.parametrize("count", [3, 4])
-def test_an_ensemble_takes_its_members_median_logit_and_exports_as_one_graph(count: int) -> None:
+@pytest.mark.parametrize(("count", "masked"), [(3, False), (4, False), (3, True)])
+def test_an_ensemble_takes_its_members_median_logit_and_exports_as_one_graph(count: int, masked: bool) -> None:
+    mask = np.tri(4, 6, 1, dtype=bool) if masked else None
     members = []
     for seed in range(1, count + 1):
         torch.manual_seed(seed)
-        members.append(build_mc("full_frame", 8, (4, 6)))
+        members.append(build_mc("full_frame", 8, (4, 6), mask=mask))
     ensemble = Ensemble(members).eval()
     features = torch.randn(5, 8, 4, 6)
     with torch.no_grad():
@@ -199,6 +201,8 @@ def test_an_ensemble_takes_its_members_median_logit_and_exports_as_one_graph(cou
     onnx_bytes = export_mc(ensemble, (8, 4, 6))
     (score,) = ort.InferenceSession(onnx_bytes).run(["score"], {"features": features.numpy()})
     np.testing.assert_allclose(score, torch.sigmoid(expected).numpy(), atol=1e-5)
+    # The members run stacked: three convs for the whole ensemble, not three per member.
+    assert [node.op_type for node in onnx.load_from_string(onnx_bytes).graph.node].count("Conv") == 3
     windowed = build_mc("windowed", 8, (4, 6), window=3)
     with pytest.raises(FilterForwardError, match="members of one single-frame kind"):
         Ensemble([windowed, windowed])
