@@ -4,6 +4,7 @@ out."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Collection
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from models.base_export import ensure_base_model
 from models.base_identity import identify
-from models.base_runtime import open_runner
+from models.base_runtime import Runner, open_runner
 from models.errors import FilterForwardError
 from models.taps import EFFICIENTNET_LITE0_TAPS, Tap, check_input_size
 
@@ -41,6 +42,9 @@ class BaseDNN:
         self.identity = identify(self.model_path)  # what filters must have been trained on
         self.runner = open_runner(self.model_path, self.identity.precision, self.input_size, threads, runtime)
         self.taps = self._read_taps()
+        self._options = (threads, runtime)
+        self._pruned: dict[frozenset[str], Runner] = {}  # per set of outputs asked for: the graph that computes them
+        self._lock = threading.Lock()  # cameras run in threads; each pruned graph is opened once
 
     def _read_taps(self) -> dict[str, Tap]:
         """Every 4-D output is a tap; its stride comes from one run on a blank frame of the input size."""
@@ -66,8 +70,22 @@ class BaseDNN:
         unknown = [name for name in names if name not in self.taps and name != "logits"]
         if unknown:
             raise FilterForwardError(f"base model has no tap {unknown[0]!r}; it has {sorted(self.taps)}")
-        outputs = self.runner.run(names, np.ascontiguousarray(batch))
+        outputs = self._runner_for(names).run(names, np.ascontiguousarray(batch))
         return dict(zip(names, outputs, strict=True))
+
+    def _runner_for(self, names: list[str]) -> Runner:
+        """The full graph, or the graph pruned to these outputs when it skips some (opened on first use): filters
+        that all read `mid` do not pay for the layers after it."""
+        wanted = frozenset(names)
+        if wanted >= set(self.runner.output_names):
+            return self.runner
+        with self._lock:
+            if wanted not in self._pruned:
+                threads, runtime = self._options
+                self._pruned[wanted] = open_runner(
+                    self.model_path, self.identity.precision, self.input_size, threads, runtime, sorted(wanted)
+                )
+            return self._pruned[wanted]
 
 
 def resize(frame_bgr: np.ndarray, input_size: tuple[int, int]) -> np.ndarray:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import skimage.data
 
+from models.base_runtime import openvino_capabilities
 from models.basednn import BaseDNN, pixels
 from models.errors import FilterForwardError
 
@@ -48,6 +49,22 @@ def test_taps_follow_the_input_size() -> None:
     assert out["mid"].shape == (2, 112, 12, 20)
     assert out["late"].shape == (2, 320, 6, 10)
     assert all(v.dtype == np.float32 for v in out.values())
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_a_run_for_some_taps_runs_only_the_graph_they_need(runtime: str) -> None:
+    if runtime == "openvino" and openvino_capabilities() is None:
+        pytest.skip("OpenVINO is not installed (the [openvino] extra)")
+    base = BaseDNN((320, 192), runtime=runtime)
+    frames = np.stack([base.prepare(cv2.cvtColor(skimage.data.chelsea(), cv2.COLOR_RGB2BGR))] * 2)
+    full = base.run(frames)
+    for taps in (["mid"], ["early", "mid"], ["late"]):
+        out = base.run(frames, taps)
+        assert list(out) == taps and all(np.array_equal(out[tap], full[tap]) for tap in taps)
+        runner = base._runner_for(taps)
+        assert runner is not base.runner and sorted(runner.output_names) == sorted(taps)  # pruned, its nodes only
+        assert base._runner_for(list(reversed(taps))) is runner  # opened once per set of taps
+    assert base._runner_for(list(base.runner.output_names)) is base.runner
 
 
 def test_pixels_are_normalised_nchw() -> None:
