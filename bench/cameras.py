@@ -140,8 +140,8 @@ class Weights:
     onnx: bytes
 
 
-def app_weights(size: tuple[int, int], count: int, seed: int) -> list[Weights]:
-    """`count` ensembles of ENSEMBLE random full_frame MCs, on TAPS and ROI_BOXES in turn."""
+def app_weights(size: tuple[int, int], count: int, seed: int, taps: tuple[str, ...] = TAPS) -> list[Weights]:
+    """`count` ensembles of ENSEMBLE random full_frame MCs, on `taps` and ROI_BOXES in turn."""
     import torch
 
     from models.mc_export import export_mc
@@ -152,7 +152,7 @@ def app_weights(size: tuple[int, int], count: int, seed: int) -> list[Weights]:
     warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
     apps = []
     for j in range(count):
-        tap, roi = TAPS[j % len(TAPS)], ROI_BOXES[j % len(ROI_BOXES)]
+        tap, roi = taps[j % len(taps)], ROI_BOXES[j % len(ROI_BOXES)]
         channels, height, width = EFFICIENTNET_LITE0_TAPS[tap].shape(size)
         crop = (channels, *roi.cell_shape(height, width))
         torch.manual_seed(seed + j)
@@ -434,6 +434,7 @@ class Settings:
     stop_share: float
     variants: tuple[Variant, ...]
     hd_sizes: tuple[tuple[int, int], ...]
+    taps: tuple[str, ...]  # the filters' taps, in turn
     seed: int
     json: Path
     out: Path
@@ -467,7 +468,7 @@ def prepare(settings: Settings, work: Path, hd_source: Path | None) -> Setup:
     jobs = [(car, SIZE, settings.max_cameras)] + [(hd_source, size, 1) for size in settings.hd_sizes if hd_source]
     setup = Setup({}, {}, {})
     for clip, size, cameras in jobs:
-        apps = app_weights(size, settings.mcs, settings.seed)
+        apps = app_weights(size, settings.mcs, settings.seed, settings.taps)
         for precision in precisions:
             key = model_key(precision, clip, size)
             if precision == "fp32":
@@ -709,6 +710,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         default="default,half",
         help="input sizes for the 1080p camera: WxH, default (what a 1080p camera gets by default), half, or none",
     )
+    parser.add_argument(
+        "--taps",
+        default=",".join(TAPS),
+        help=f"the filters' taps, in turn (default {','.join(TAPS)}, the default filter's candidates; mid: the base "
+        "DNN runs only up to mid)",
+    )
     parser.add_argument("--data", type=Path, default=default_data(), help="the shared data folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=REPO / "bench" / "out" / "cameras.json")
@@ -738,6 +745,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         stop_share=args.stop_share,
         variants=tuple(by_name[name] for name in args.configs.split(",")),
         hd_sizes=hd_sizes,
+        taps=tuple(args.taps.split(",")),
         seed=args.seed,
         json=args.json,
         out=args.out,
