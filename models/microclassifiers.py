@@ -265,12 +265,12 @@ class Ensemble(MicroClassifier):
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         if self.stacked is not None:
-            return median(self.stacked.member_logits(features), dim=1)
-        return median(torch.stack([member.logits(features) for member in self.members]))
+            return median(self.stacked.member_logits(features), len(self.members), dim=1)
+        return median(torch.stack([member.logits(features) for member in self.members]), len(self.members))
 
     def cell_logits(self, features: torch.Tensor) -> torch.Tensor:
         """The members' per-cell median logits (full-frame members only)."""
-        return median(torch.stack([member.cell_logits(features) for member in self.members]))
+        return median(torch.stack([member.cell_logits(features) for member in self.members]), len(self.members))
 
 
 class StackedCells(nn.Module):
@@ -311,11 +311,10 @@ class StackedCells(nn.Module):
         return cells.amax(dim=2)
 
 
-def median(values: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """The median along `dim` (the mean of the middle two for an even count); the sort exports to ONNX, and the
-    count is a constant of the exported graph."""
+def median(values: torch.Tensor, count: int, dim: int = 0) -> torch.Tensor:
+    """The median of the `count` values along `dim` (the mean of the middle two for an even count); the sort
+    exports to ONNX, and the count, a Python int, is a constant of the exported graph."""
     ordered = values.sort(dim=dim).values
-    count = values.shape[dim]
     middle = ordered.narrow(dim, count // 2, 1).squeeze(dim)
     return middle if count % 2 else (ordered.narrow(dim, count // 2 - 1, 1).squeeze(dim) + middle) / 2
 
