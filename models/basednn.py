@@ -44,7 +44,8 @@ class BaseDNN:
         self.taps = self._read_taps()
         self._options = (threads, runtime)
         self._pruned: dict[frozenset[str], Runner] = {}  # per set of outputs asked for: the graph that computes them
-        self._lock = threading.Lock()  # cameras run in threads; each pruned graph is opened once
+        self._opening: set[frozenset[str]] = set()  # each pruned graph is opened once, off the callers' threads
+        self._lock = threading.Lock()
 
     def _read_taps(self) -> dict[str, Tap]:
         """Every 4-D output is a tap; its stride comes from one run on a blank frame of the input size."""
@@ -74,18 +75,29 @@ class BaseDNN:
         return dict(zip(names, outputs, strict=True))
 
     def _runner_for(self, names: list[str]) -> Runner:
-        """The full graph, or the graph pruned to these outputs when it skips some (opened on first use): filters
-        that all read `mid` do not pay for the layers after it."""
+        """The graph pruned to these outputs when it skips some, so that filters that all read `mid` do not pay for
+        the layers after it. Until a background thread has opened it (0.15-0.45 s at 768x448, several frame
+        periods of a live camera), and for good if it cannot be opened, the full graph serves: the same values."""
         wanted = frozenset(names)
         if wanted >= set(self.runner.output_names):
             return self.runner
+        pruned = self._pruned.get(wanted)
+        if pruned is not None:
+            return pruned
         with self._lock:
-            if wanted not in self._pruned:
-                threads, runtime = self._options
-                self._pruned[wanted] = open_runner(
-                    self.model_path, self.identity.precision, self.input_size, threads, runtime, sorted(wanted)
-                )
-            return self._pruned[wanted]
+            if wanted not in self._opening:
+                self._opening.add(wanted)
+                threading.Thread(target=self._open_pruned, args=(wanted,), name="base-dnn-prune", daemon=True).start()
+        return self.runner
+
+    def _open_pruned(self, wanted: frozenset[str]) -> None:
+        threads, runtime = self._options
+        try:
+            self._pruned[wanted] = open_runner(
+                self.model_path, self.identity.precision, self.input_size, threads, runtime, sorted(wanted)
+            )
+        except Exception:  # an optimisation only: the full graph keeps serving these outputs
+            log.exception("base model %s: could not prune it to %s", self.model_path.name, ", ".join(sorted(wanted)))
 
 
 def resize(frame_bgr: np.ndarray, input_size: tuple[int, int]) -> np.ndarray:
