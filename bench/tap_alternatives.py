@@ -36,7 +36,15 @@ from models.evaluation import BOUNDARY_TOLERANCE, event_f1
 from models.features import FeatureRequest, cached_features
 from models.model_selection import ENSEMBLE, TIE
 from models.roi import FULL_FRAME
-from models.training import TrainConfig, TrainingData, cross_validate, fit_mc, load_training_data, predict
+from models.training import (
+    TrainConfig,
+    TrainingData,
+    channels_last,
+    cross_validate,
+    fit_mc,
+    load_training_data,
+    predict,
+)
 
 COLUMNS = ("mid", "late", "rule", "averaged", "stacked")
 Outcome = Callable[[Case], Iterator[tuple[int, dict[str, float]]]]  # a case -> (seed, test F1 per column) ...
@@ -70,9 +78,8 @@ def stacked_data(dataset: LabelledDataset, case: Case, size: tuple[int, int], st
     labels = dataset.labels[case.event][:stop]
     certain = np.flatnonzero(labels != UNCERTAIN)
     targets = (labels[certain] == 1).astype(np.float32)
-    cells_last = np.ascontiguousarray(np.moveaxis(features, 1, -1), np.float32)
     mask = roi.cell_mask(mid.shape[2], mid.shape[3])
-    return TrainingData(features, 0, (0, stop), labels, certain, targets, 1, dataset.fps, mask, cells_last)
+    return TrainingData(features, 0, (0, stop), labels, certain, targets, 1, dataset.fps, mask, channels_last(features))
 
 
 def run_case(case: Case, dataset: LabelledDataset, size: tuple[int, int], seed: int) -> dict[str, float]:

@@ -111,10 +111,17 @@ def pruned(path: Path, outputs: Sequence[str]) -> bytes:
     return Extractor(onnx.load(str(path))).extract_model([IMAGE_INPUT], list(outputs)).SerializeToString()
 
 
+def _readable(source: ModelSource) -> str | bytes:
+    """What both runtimes read: a file's path as a string, or the graph's bytes."""
+    return str(source) if isinstance(source, Path) else source
+
+
 class OnnxRuntimeRunner:
-    def __init__(self, path: Path, threads: int | None, source: ModelSource | None = None):
-        model = str(path) if source is None or isinstance(source, Path) else source
-        self.session = ort.InferenceSession(model, session_options(threads), providers=["CPUExecutionProvider"])
+    """`path` names the model in messages; `source` is what runs (the file, or its graph pruned to some outputs)."""
+
+    def __init__(self, path: Path, threads: int | None, source: ModelSource):
+        options = session_options(threads)
+        self.session = ort.InferenceSession(_readable(source), options, providers=["CPUExecutionProvider"])
         check_inputs(path, [i.name for i in self.session.get_inputs()])
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.description = f"onnxruntime {ort.__version__}, CPU provider"
@@ -132,12 +139,12 @@ class OpenVinoRunner:
         threads: int | None,
         input_size: tuple[int, int],
         arithmetic: str,
-        source: ModelSource | None = None,
+        source: ModelSource,
     ):
         import openvino
 
         core = openvino.Core()
-        model = core.read_model(str(path) if source is None or isinstance(source, Path) else source)
+        model = core.read_model(_readable(source))
         check_inputs(path, [i.get_any_name() for i in model.inputs])
         self.output_names = [o.get_any_name() for o in model.outputs]
         width, height = input_size

@@ -43,6 +43,7 @@ class BaseDNN:
         self.runner = open_runner(self.model_path, self.identity.precision, self.input_size, threads, runtime)
         self.taps = self._read_taps()
         self._options = (threads, runtime)
+        self._all_outputs = frozenset(self.runner.output_names)
         self._pruned: dict[frozenset[str], Runner] = {}  # per set of outputs asked for: the graph that computes them
         self._opening: set[frozenset[str]] = set()  # each pruned graph is opened once, off the callers' threads
         self._lock = threading.Lock()
@@ -79,7 +80,7 @@ class BaseDNN:
         the layers after it. Until a background thread has opened it (0.15-0.45 s at 768x448, several frame
         periods of a live camera), and for good if it cannot be opened, the full graph serves: the same values."""
         wanted = frozenset(names)
-        if wanted >= set(self.runner.output_names):
+        if wanted >= self._all_outputs:
             return self.runner
         pruned = self._pruned.get(wanted)
         if pruned is not None:

@@ -220,16 +220,19 @@ class TrainingData:
         View v > 0: the crops at `views[v - 1]`'s input size, with that size's region cells [B, h, w]."""
         if view:
             scaled = self.views[view - 1]
-            features = torch.from_numpy(scaled.cells_last[frames - self.first]).to(device).permute(0, 3, 1, 2)
-            return features, torch.from_numpy(scaled.mask).to(device).expand(len(frames), *scaled.mask.shape)
+            cells = self._cells(scaled.cells_last, frames, device)
+            return cells, torch.from_numpy(scaled.mask).to(device).expand(len(frames), *scaled.mask.shape)
         if self.cells_last is not None:
-            # A channels-last view: a 1x1 conv over every cell (the full-frame MC) runs several times faster.
-            return torch.from_numpy(self.cells_last[frames - self.first]).to(device).permute(0, 3, 1, 2), None
+            return self._cells(self.cells_last, frames, device), None
         offsets = frames[:, None] + np.arange(1 - self.window, 1)[None]
         valid = offsets >= 0
         rows = np.clip(offsets - self.first, 0, None)
         windows = torch.from_numpy(self.features[rows]).to(device).float()
         return windows, torch.from_numpy(valid).to(device)
+
+    def _cells(self, cells_last: np.ndarray, frames: np.ndarray, device: str) -> torch.Tensor:
+        # A channels-last view: a 1x1 conv over every cell (the full-frame MC) runs several times faster.
+        return torch.from_numpy(cells_last[frames - self.first]).to(device).permute(0, 3, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -462,7 +465,7 @@ def load_training_data(
         )
     tap_shape = _tap_shape(config, model_path)
     mask = config.roi.cell_mask(*tap_shape[1:])
-    cells_last = np.ascontiguousarray(np.moveaxis(features, 1, -1), np.float32) if config.context == 1 else None
+    cells_last = channels_last(features) if config.context == 1 else None
     views = tuple(_scaled_view(dataset, config, scale, (first, stop), model_path, progress) for scale in config.scales)
     return TrainingData(
         features,
@@ -479,9 +482,9 @@ def load_training_data(
     )
 
 
-def scaled_size(input_size: tuple[int, int], scale: float) -> tuple[int, int]:
-    width, height = input_size
-    return round_input_size((width * scale, height * scale))
+def channels_last(features: np.ndarray) -> np.ndarray:
+    """fp16 crops [n, C, h, w] as float32 [n, h, w, C], in memory."""
+    return np.ascontiguousarray(np.moveaxis(features, 1, -1), np.float32)
 
 
 def _scaled_view(
@@ -492,11 +495,12 @@ def _scaled_view(
     model_path: Path | None,
     progress: bool,
 ) -> ScaledView:
-    size = scaled_size(config.input_size, scale)
+    width, height = config.input_size
+    size = round_input_size((width * scale, height * scale))
     request = FeatureRequest(config.tap_name, config.roi)
     features = cached_features(dataset, [request], size, span, model_path, progress=progress)[request]
     mask = config.roi.cell_mask(*tap_shape(config.tap_name, size, model_path)[1:])
-    return ScaledView(size, np.ascontiguousarray(np.moveaxis(features, 1, -1), np.float32), mask)
+    return ScaledView(size, channels_last(features), mask)
 
 
 def make_optimizer(
