@@ -98,7 +98,12 @@ def case_clip(case: Case) -> Clip:
 
 
 def run_case(
-    case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[int], scales: tuple[float, ...] = ()
+    case: Case,
+    dataset: LabelledDataset,
+    size: str,
+    seeds: Sequence[int],
+    scales: tuple[float, ...] = (),
+    context: int = 0,
 ) -> list[Outcome]:
     from models.training import TrainConfig, train_mc
 
@@ -114,7 +119,7 @@ def run_case(
                     architecture=architecture,
                     tap=tap,
                     input_size=input_size(dataset, size),
-                    roi=dataset.roi(case.event),
+                    roi=dataset.roi(case.event).model_copy(update={"context": context}),
                     frames=(0, case.train_stop),
                     seed=seed,
                     ensemble=ENSEMBLE,
@@ -198,6 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="half", help="comma-separated: default, half (default: half)")
     parser.add_argument("--json", type=Path, help="also write every outcome as JSON here")
     parser.add_argument("--scales", default="", help="training scales of the candidates, e.g. 0.75,1.25")
+    parser.add_argument("--context", type=int, default=0, help="cells of context around each region (default 0)")
     parser.add_argument("--cases", help="only the cases whose 'clip event' contains one of these (comma-separated)")
     args = parser.parse_args(argv)
     outcomes: list[Outcome] = []
@@ -206,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in (c for c in (*CASES, CONTINUATION) if any(w in f"{c.clip} {c.event}" for w in wanted)):
         dataset = open_clip(case_clip(case), args.data)
         for size in args.sizes.split(","):
-            outcomes += run_case(case, dataset, size, args.seeds, scales)
+            outcomes += run_case(case, dataset, size, args.seeds, scales, args.context)
         print_report(outcomes)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -97,6 +97,8 @@ def cache_key(dataset: LabelledDataset, request: FeatureRequest, input_size: tup
         "tap": request.tap,
         "roi": [request.roi.x0, request.roi.y0, request.roi.x1, request.roi.y1],
     }
+    if request.roi.context:  # a wider crop (earlier keys stay valid)
+        identity["context"] = request.roi.context
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 

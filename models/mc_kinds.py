@@ -31,6 +31,9 @@ class MCKind:
 
 
 AUTO = "auto"  # in place of a kind: the one cross-validation chooses (models.model_selection)
+# Cells of context around the event's region that the default filter reads (at least); decided on the region
+# cases of bench/tap_rule.py (bench README).
+AUTO_CONTEXT = 1
 MC_KINDS: Registry[MCKind] = Registry(
     "MC architecture",
     [

@@ -20,6 +20,7 @@ from typing import Self
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.errors import FilterForwardError
@@ -115,7 +116,14 @@ class LocalizedHead(nn.Module):
 
 class FullFrame(MicroClassifier):
     """A tiny classifier at every cell (1x1 convs 32, 32, 1), max over the cells: "is the object anywhere (in the
-    region)?". It has no notion of position, so it finds the event wherever in the region it happens next."""
+    region)?". It has no notion of position, so it finds the event wherever in the region it happens next.
+
+    A cell counts by its peak logit, 2 * logit - (the largest logit of its 3x3 neighbourhood): its own logit where
+    it is a local maximum, lower by how much a neighbour beats it elsewhere. An object counts for the region where
+    its response peaks, so one beside the region, whose response spills over the region's edge cells, does not
+    (with context cells around the region to peak in, models/roi.py). Without a mask the largest peak logit is
+    the largest logit, so a full-frame region scores exactly the plain max.
+    """
 
     architecture = "full_frame"
 
@@ -137,9 +145,7 @@ class FullFrame(MicroClassifier):
     def cell_logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """[B, h*w] logits per cell, cells outside the region far below any real logit. `valid` (bool [B, h, w]):
         the region's cells of crops of another size than the MC's own (training on other input sizes)."""
-        cells = self.cells(features).flatten(1)
-        mask = self.mask if valid is None else valid
-        return cells if mask is None else cells.masked_fill(~mask.flatten(-2), OUTSIDE_LOGIT)
+        return masked_cells(peaks(self.cells(features)), self.mask if valid is None else valid).flatten(1)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
@@ -147,12 +153,19 @@ class FullFrame(MicroClassifier):
         return self.cell_logits(features, valid).amax(dim=1)
 
     def _max_cell_with_grad(self, features: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        """The same max, computed for training at a third of the cost: the gradient of a max reaches only the
-        winning cell, so the cells are ranked without autograd and only each sample's winner is run with it."""
+        """The same max, computed for training at a third of the cost: its gradient reaches only the winning cell
+        and the neighbour it is compared with, so the cells are ranked without autograd and only those two are run
+        with it."""
         with torch.no_grad():
-            winners = self.cell_logits(features, valid).argmax(dim=1)
-        picked = features.flatten(2)[torch.arange(features.shape[0], device=features.device), :, winners]
-        return self.cells(picked[:, :, None, None]).flatten()
+            logits = self.cells(features)
+            winners = masked_cells(peaks(logits), self.mask if valid is None else valid).flatten(1).argmax(dim=1)
+            _, strongest = F.max_pool2d(logits, 3, 1, 1, return_indices=True)  # per cell: its largest neighbour
+            rivals = strongest.flatten(1).gather(1, winners[:, None])[:, 0]
+        samples = torch.arange(features.shape[0], device=features.device)
+        cells = features.flatten(2)
+        picked = torch.stack([cells[samples, :, winners], cells[samples, :, rivals]], dim=2)
+        winner, rival = self.cells(picked[:, :, :, None]).flatten(1).unbind(1)
+        return 2 * winner - rival
 
 
 class Localized(MicroClassifier):
@@ -304,11 +317,20 @@ class StackedCells(nn.Module):
         return len(shapes) == 1 and same_mask
 
     def member_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """[B, M]: each member's max over the region's cells."""
-        cells = self.cells(features).flatten(2)
-        if self.mask is not None:
-            cells = cells.masked_fill(~self.mask.flatten(), OUTSIDE_LOGIT)
-        return cells.amax(dim=2)
+        """[B, M]: each member's max over the region's cells of its peak logits (FullFrame)."""
+        return masked_cells(peaks(self.cells(features)), self.mask).flatten(2).amax(dim=2)
+
+
+def peaks(logits: torch.Tensor) -> torch.Tensor:
+    """[B, M, h, w] per-cell logits -> peak logits: 2 * logit - the largest logit of the cell's 3x3 neighbourhood."""
+    return 2 * logits - F.max_pool2d(logits, 3, 1, 1)
+
+
+def masked_cells(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, M, h, w] logits with the cells outside `mask` ([h, w], or [B, h, w] per sample) far below any real one."""
+    if mask is None:
+        return logits
+    return logits.masked_fill(~(mask[:, None] if mask.dim() == 3 else mask), OUTSIDE_LOGIT)
 
 
 def median(values: torch.Tensor, count: int, dim: int = 0) -> torch.Tensor:

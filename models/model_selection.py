@@ -8,7 +8,9 @@ occurrences that happen elsewhere in the region; they stay available by name (`-
 
 All candidates' features come from one base-DNN pass; each candidate is cross-validated (models/crossval.py)
 and the one with the best held-out event F1 is trained on every training frame. Near ties go to the
-earlier candidate. Every candidate is an ensemble of ENSEMBLE seeds (models.microclassifiers.Ensemble).
+earlier candidate. Every candidate is an ensemble of ENSEMBLE seeds (models.microclassifiers.Ensemble) and reads
+cells around the event's region, so that an object beside the region, whose response peaks outside it,
+does not count (models/microclassifiers.py FullFrame): AUTO_CONTEXT cells, or the region's own if it has more.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from models.crossval import CrossValidation
 from models.datasets.labelled import LabelledDataset
 from models.features import FeatureRequest, cached_features
 from models.filterspec import Validation
+from models.mc_kinds import AUTO_CONTEXT
 from models.training import (
     TrainConfig,
     TrainingData,
@@ -63,7 +66,10 @@ def choose_kind(
     dataset: LabelledDataset, config: TrainConfig, model_path: Path | None = None, progress: bool = True
 ) -> Choice:
     """Cross-validate each candidate kind (config's architecture and tap are ignored) and pick the best."""
-    configs = [dataclasses.replace(config, architecture=arch, tap=tap, ensemble=ENSEMBLE) for arch, tap in CANDIDATES]
+    roi = config.roi.model_copy(update={"context": max(config.roi.context, AUTO_CONTEXT)})
+    configs = [
+        dataclasses.replace(config, architecture=arch, tap=tap, ensemble=ENSEMBLE, roi=roi) for arch, tap in CANDIDATES
+    ]
     for candidate in configs:
         check_config(dataset, candidate)
     start, stop = config.frames or (0, dataset.n_frames)

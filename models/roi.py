@@ -2,7 +2,9 @@
 
 A region is a box or a polygon. An MC reads the tap cells under the region's bounding box (the crop); with a
 polygon, only the cells at least half inside it count (the mask), so "inside the region" is given to
-the MC rather than learned from where the training examples happened to be.
+the MC rather than learned from where the training examples happened to be. A region with `context` cells
+widens the crop by that many cells on every side (within the frame); those cells are read but never counted,
+so a full-frame MC can tell an object inside the region from one beside it (models/microclassifiers.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ REGION_HINT = f"give a box x0,y0,x1,y1 in 0..1 (e.g. 0.5,0,1,1) or a polygon: {P
 MAX_POLYGON_POINTS = 64
 # Sample points per cell side when deciding which cells a polygon covers.
 _SAMPLES = 4
+# Cells of context around a region, at most: a full-frame MC compares a cell with its 3x3 neighbourhood only.
+MAX_CONTEXT = 1
 
 
 def polygon_errors(points: tuple[Point, ...]) -> str | None:
@@ -70,6 +74,9 @@ class ROI(BaseModel):
     polygon: tuple[Point, ...] | None = Field(
         None, description="points (x, y) in 0..1; only the cells whose centres lie inside count"
     )
+    context: int = Field(
+        0, ge=0, le=MAX_CONTEXT, description="cells around the region its MC reads (within the frame), never counted"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -96,7 +103,12 @@ class ROI(BaseModel):
         return self
 
     def cells(self, height: int, width: int) -> tuple[slice, slice]:
-        """Row and column slices of a (height x width) grid covered by this ROI's box (at least one cell)."""
+        """Row and column slices of a (height x width) grid covered by this ROI's box (at least one cell) and its
+        context cells: the crop an MC reads."""
+        rows, cols = self._box_cells(height, width)
+        return _widen(rows, self.context, height), _widen(cols, self.context, width)
+
+    def _box_cells(self, height: int, width: int) -> tuple[slice, slice]:
         return _span(self.y0, self.y1, height), _span(self.x0, self.x1, width)
 
     def cell_shape(self, height: int, width: int) -> tuple[int, int]:
@@ -106,12 +118,18 @@ class ROI(BaseModel):
     def cell_mask(self, height: int, width: int) -> np.ndarray:
         """Bool mask over the crop's cells (shape `cell_shape`): the cells this region covers.
 
-        A box covers its whole crop. A polygon covers the cells at least half inside it (sampled on a 4x4
-        grid per cell); a polygon too thin for that covers the cells it overlaps most.
+        A box covers its whole crop but the context cells. A polygon covers the cells at least half inside it
+        (sampled on a 4x4 grid per cell); a polygon too thin for that covers the cells it overlaps most.
         """
         rows, cols = self.cells(height, width)
         if self.polygon is None:
-            return np.ones((rows.stop - rows.start, cols.stop - cols.start), dtype=bool)
+            mask = np.zeros((rows.stop - rows.start, cols.stop - cols.start), dtype=bool)
+            box_rows, box_cols = self._box_cells(height, width)
+            mask[
+                box_rows.start - rows.start : box_rows.stop - rows.start,
+                box_cols.start - cols.start : box_cols.stop - cols.start,
+            ] = True
+            return mask
         offsets = (np.arange(_SAMPLES) + 0.5) / _SAMPLES
         ys = ((np.arange(rows.start, rows.stop)[:, None] + offsets) / height).ravel()
         xs = ((np.arange(cols.start, cols.stop)[:, None] + offsets) / width).ravel()
@@ -130,10 +148,12 @@ class ROI(BaseModel):
     def describe(self) -> str:
         """One line for people: the polygon's points, or the box."""
         if self.polygon is not None:
-            return "polygon " + " ".join(f"{x:g},{y:g}" for x, y in self.polygon)
-        if self == FULL_FRAME:
+            region = "polygon " + " ".join(f"{x:g},{y:g}" for x, y in self.polygon)
+        elif self.model_copy(update={"context": 0}) == FULL_FRAME:
             return "full frame"
-        return f"box {self.x0:g},{self.y0:g},{self.x1:g},{self.y1:g}"
+        else:
+            region = f"box {self.x0:g},{self.y0:g},{self.x1:g},{self.y1:g}"
+        return region + (f" (+{self.context} cell{'s' * (self.context > 1)} of context)" if self.context else "")
 
 
 FULL_FRAME = ROI()
@@ -192,6 +212,10 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return exc.errors()[0]["msg"].removeprefix("Value error, ")
     return "not numbers 'x,y'"
+
+
+def _widen(span: slice, by: int, n: int) -> slice:
+    return slice(max(0, span.start - by), min(n, span.stop + by))
 
 
 def _span(lo: float, hi: float, n: int) -> slice:

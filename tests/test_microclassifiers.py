@@ -7,6 +7,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from models.efficientnet_lite import EfficientNetLite0
 from models.errors import FilterForwardError
@@ -148,8 +150,12 @@ def test_masked_mcs_ignore_cells_outside_the_region_also_in_onnx(architecture: s
     assert 0 < mask.sum() < mask.size
     model = build_mc(architecture, crop[0], crop[1:], mask=mask).eval()
     inputs = model.example_inputs(crop, batch=3)
+    ignored = ~torch.from_numpy(mask)
+    if architecture == "full_frame":  # a region cell's neighbours are its rivals (peak logits): the rest is ignored
+        ignored = F.max_pool2d((~ignored)[None].float(), 3, 1, 1)[0] == 0
+    assert ignored.any()
     changed = inputs[0].clone()
-    changed[:, :, ~torch.from_numpy(mask)] = 50 * torch.randn(3, crop[0], int((~mask).sum()))
+    changed[:, :, ignored] = 50 * torch.randn(3, crop[0], int(ignored.sum()))
     with torch.no_grad():
         before = model(*inputs)
         after = model(changed, *inputs[1:])
@@ -173,6 +179,31 @@ def test_full_frame_training_path_equals_the_max_with_its_gradient() -> None:
     assert torch.allclose(fast, plain, atol=1e-6)
     for a, b in zip(fast_grads, (p.grad for p in model.parameters()), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def _blob_detector() -> nn.Module:
+    """A one-channel full-frame MC whose logit at a cell is that cell's feature value (for non-negative features)."""
+    model = build_mc("full_frame", 1, (3, 6), mask=np.tile(np.arange(6) < 3, (3, 1)))  # the left half counts
+    with torch.no_grad():
+        for conv in (m for m in model.cells if isinstance(m, nn.Conv2d)):
+            conv.weight.zero_()
+            conv.bias.zero_()
+            conv.weight[0, 0] = 1.0
+    return model.eval()
+
+
+def test_an_object_counts_for_the_region_where_its_response_peaks() -> None:
+    """An object just beside the region (its response spilling over the region's edge cell) scores low; the same
+    object just inside scores its full response; without a mask the score is the plain max."""
+    model = _blob_detector()
+    beside, inside = torch.zeros(2, 1, 3, 6), torch.zeros(2, 1, 3, 6)
+    beside[:, 0, 1, 2:5] = torch.tensor([4.0, 9.0, 4.0])  # peak at column 3, outside the region
+    inside[:, 0, 1, 1:4] = torch.tensor([4.0, 9.0, 4.0])  # peak at column 2, its last column
+    with torch.no_grad():
+        assert model.logits(beside)[0] == 0.0  # the empty background's: the edge cell's is 2 * 4 - 9
+        assert model.logits(inside)[0] == 9.0
+        model.set_mask(None)
+        assert model.logits(beside)[0] == 9.0
 
 
 def test_a_mask_must_fit_the_crop() -> None:

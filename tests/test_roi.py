@@ -42,6 +42,22 @@ def test_a_box_masks_its_whole_crop() -> None:
     assert roi.cell_mask(8, 10).all()
 
 
+def test_context_widens_the_crop_within_the_frame_and_never_counts() -> None:
+    box = ROI(x0=0.5, y0=0, x1=0.75, y1=0.5, context=1)  # cells 2:4 of 8 rows, 5:8 of 10 columns
+    assert box.cells(8, 10) == (slice(0, 5), slice(4, 9))  # clipped at the top edge
+    mask = box.cell_mask(8, 10)
+    assert mask.shape == (5, 5)
+    assert mask[:4, 1:4].all() and mask.sum() == 12  # the box's own cells, not the context around them
+    strip = ROI(polygon=((0, 0), (0.3, 0), (0.3, 1), (0, 1)), context=1)
+    assert strip.cells(4, 10) == (slice(0, 4), slice(0, 4))
+    assert strip.cell_mask(4, 10).tolist() == [[True, True, True, False]] * 4
+    assert ROI(context=1).cells(4, 10) == (slice(0, 4), slice(0, 10))
+    assert strip.describe().endswith("(+1 cell of context)")
+    assert ROI(context=1).describe() == "full frame"
+    with pytest.raises(ValidationError, match="less than or equal to 1"):
+        ROI(context=2)
+
+
 def test_a_polygon_masks_the_cells_more_than_half_inside() -> None:
     triangle = ROI(polygon=((0, 0), (1, 1), (0, 1)))  # below the diagonal of a 4x4 grid
     mask = triangle.cell_mask(4, 4)

@@ -26,6 +26,7 @@ from models.datasets.synth import write_synthetic
 from models.errors import FilterForwardError
 from models.evaluation import event_f1
 from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
+from models.mc_kinds import AUTO_CONTEXT
 from models.microclassifiers import Ensemble, build_mc
 from models.roi import ROI
 from models.smoother import smooth_scores
@@ -247,6 +248,8 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     assert main([*base, "--event", "any_object", "--arch", "localized", "--scales", "1.5"]) == 2
     expected = "training scales 1.5 need a full_frame MC and factors from 0.25 to 4, not localized"
     assert expected in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--context", "9"]) == 2
+    assert "--context '9' is not a number of cells: give 0 to 1" in capsys.readouterr().err
 
 
 def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
@@ -329,6 +332,7 @@ def test_default_training_chooses_the_kind_by_cross_validation(
         assert re.search(rf"candidate full_frame on tap {tap}: held-out event F1 [01]\.\d{{3}} \(", out), out
     spec, _ = load_bundle(tmp_path / "b")
     assert spec.architecture == "full_frame" and spec.tap in ("mid", "late")
+    assert spec.roi.context == AUTO_CONTEXT  # its MCs read the cells around the region too
     assert spec.base_model == identify(base_model)  # the edge refuses it on any other base model
     validation = spec.validation
     assert validation is not None and validation.method == "occurrences" and validation.folds >= 2
@@ -432,7 +436,7 @@ def test_scaled_training_trains_on_every_view_and_exports_the_edge_size(
     sampler = BalancedSampler(data.frames, data.targets, 8, 0)
     train_steps(Logits(model), data, optimizer, sampler, config, progress=False)
     sizes = {data.crop_chw[1:], *(view.mask.shape for view in data.views)}
-    ranked = set(shapes) - {(1, 1)}  # every cell ranked without autograd, then each winner run with it
+    ranked = set(shapes) - {(2, 1)}  # every cell ranked without autograd, then each winner and rival run with it
     assert ranked == sizes and len(sizes) == 3  # every view trained on, the edge's size included
     result = train_mc(tiny, config, tmp_path / "bundle", base_model, progress=False)
     spec, onnx_bytes = load_bundle(result.bundle)

@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.errors import FilterForwardError
-from models.mc_kinds import AUTO, MC_KINDS
+from models.mc_kinds import AUTO, AUTO_CONTEXT, MC_KINDS
 from models.optimizer_kinds import OPTIMIZERS
-from models.roi import parse_region
+from models.roi import MAX_CONTEXT, parse_region
 
 if TYPE_CHECKING:
     from models.datasets import LabelledDataset
+    from models.roi import ROI
     from models.training import TrainResult
 
 
@@ -50,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the event's region in 0..1 coordinates: a box x0,y0,x1,y1 or a polygon 'x,y x,y x,y ...' (the MC reads "
         "the box around it and only the cells inside it); default: the event's region in dataset.yaml, else the full "
         "frame",
+    )
+    parser.add_argument(
+        "--context",
+        help=f"cells of the tap around the region that the MC reads but never counts, 0-{MAX_CONTEXT}: a full_frame "
+        f"MC then counts an object only where its response peaks inside the region (default: {AUTO_CONTEXT} for the "
+        "default filter, none for an explicit --arch)",
     )
     parser.add_argument(
         "--input-size", help="base-DNN input WxH, multiples of 32 (default: the frame size, at most 768x448 px)"
@@ -149,7 +156,7 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
         architecture=CANDIDATES[0][0] if args.arch == AUTO else args.arch,
         input_size=parse_size(args.input_size) if args.input_size else default_input_size(dataset.frame_size),
         tap=args.tap,
-        roi=parse_region(args.roi) if args.roi else dataset.roi(event),
+        roi=_region(args, dataset, event),
         frames=frames,
         steps=args.steps,
         batch_size=args.batch_size,
@@ -180,6 +187,15 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
         f1 = f"{estimate.event_f1:.3f} ({estimate.f1_min:.3f}-{estimate.f1_max:.3f})" if estimate else "not measurable"
         print(f"candidate {candidate.architecture} on tap {candidate.tap}: held-out event F1 {f1}")
     print(summary(result, frames, config.optimizer, args.nproc))
+
+
+def _region(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> ROI:
+    roi = parse_region(args.roi) if args.roi else dataset.roi(event)
+    if args.context is None:
+        return roi
+    if not args.context.isdigit() or int(args.context) > MAX_CONTEXT:
+        raise FilterForwardError(f"--context {args.context!r} is not a number of cells: give 0 to {MAX_CONTEXT}")
+    return roi.model_copy(update={"context": int(args.context)})
 
 
 def summary(result: TrainResult, frames: tuple[int, int], optimizer: str, nproc: int) -> str:
