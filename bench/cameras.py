@@ -82,7 +82,10 @@ VARIANTS = (
     Variant("fp32+gate", "fp32", True),
     Variant("int8", "int8", False),
     Variant("int8+gate", "int8", True),
+    Variant("bf16", "bf16", False),
+    Variant("bf16+gate", "bf16", True),
 )
+DEFAULT_VARIANTS = "fp32,fp32+gate,int8,int8+gate"  # bf16 only where the CPU has it: ask for it by name
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -455,10 +458,11 @@ class Setup:
     thresholds: dict[str, list[float]]
 
 
-def export_int8(clip: Path, size: tuple[int, int]) -> Path:
-    """The int8 base model calibrated on the clip's camera at `size` (exported once, then kept in the cache)."""
-    out = cache_dir("bench", "cameras") / f"efficientnet_lite0-int8-{clip.parent.name}-{size[0]}x{size[1]}.onnx"
-    return export_precision("int8", out, [clip.parent], DEFAULT_CALIBRATION_FRAMES, size)
+def export_reduced(precision: str, clip: Path, size: tuple[int, int]) -> Path:
+    """The base model at `precision`, int8 calibrated on the clip's camera at `size` (exported once, then kept in
+    the cache; bf16 needs no calibration)."""
+    out = cache_dir("bench", "cameras") / f"efficientnet_lite0-{precision}-{clip.parent.name}-{size[0]}x{size[1]}.onnx"
+    return export_precision(precision, out, [clip.parent], DEFAULT_CALIBRATION_FRAMES, size)
 
 
 def prepare(settings: Settings, work: Path, hd_source: Path | None) -> Setup:
@@ -473,9 +477,9 @@ def prepare(settings: Settings, work: Path, hd_source: Path | None) -> Setup:
             key = model_key(precision, clip, size)
             if precision == "fp32":
                 model = None
-            else:  # int8 calibrated on this camera's clip, at its first input size
+            else:  # reduced precision (int8 calibrated on this camera's clip), at its first input size
                 first = SIZE if clip == car else settings.hd_sizes[0]
-                model = export_int8(clip, first)
+                model = export_reduced(precision, clip, first)
             setup.models[key] = model
             log.info("calibrating %d filters at %dx%d on %s (%s)", len(apps), *size, clip.parent.name, precision)
             base = BaseDNN(size, model)
@@ -703,8 +707,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         default=0.02,
         help="a configuration leaves the race once a run drops more than this share of the frames (default 0.02)",
     )
-    names = ",".join(v.name for v in VARIANTS)
-    parser.add_argument("--configs", default=names, help=f"configurations, the first the reference (default {names})")
+    parser.add_argument(
+        "--configs",
+        default=DEFAULT_VARIANTS,
+        help=f"configurations, the first the reference (default {DEFAULT_VARIANTS}; also bf16, bf16+gate)",
+    )
     parser.add_argument(
         "--hd-sizes",
         default="default,half",
