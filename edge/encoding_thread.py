@@ -17,8 +17,10 @@ from collections.abc import Callable
 from common.fragment import Fragment
 from edge.stream_encoder import StreamEncoder
 
-# Frames (and other jobs) waiting for the encoder: about half a second at 12.5 fps.
-QUEUE_DEPTH = 6
+# Frames (and other jobs) waiting for the encoder: about a second at 12.5 fps (a 1080p frame holds 6 MB). Half
+# that dropped 1-13 frames in 20 s of a 1080p camera whose filters matched 62% of its frames: x264 falls behind
+# while the base DNN has the cores, and catches up between frames (bench/cameras.py, README).
+QUEUE_DEPTH = 12
 
 Job = Callable[[StreamEncoder], list[Fragment] | None]
 
