@@ -402,6 +402,11 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
             f"training scales {', '.join(map(str, config.scales))} need a {_kinds_that(lambda k: k.cellwise)} MC "
             f"and factors from 0.25 to 4, not {config.architecture}: drop them or change the kind"
         )
+    if config.roi.context and not kind.cellwise:  # other kinds zero the cells outside the region: no use to them
+        raise FilterForwardError(
+            f"a region's context cells are for a {_kinds_that(lambda k: k.cellwise)} MC, not {config.architecture}: "
+            "drop --context or change the kind"
+        )
     if config.steps < 1 or config.batch_size < 2 or config.threads < 1:
         raise FilterForwardError(
             f"need steps >= 1, batch size >= 2 and threads >= 1, got {config.steps}, {config.batch_size} and "

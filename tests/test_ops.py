@@ -611,7 +611,7 @@ def test_an_edge_heard_while_its_heartbeats_cannot_be_written_stays_online(tmp_p
         try:
             dealer.send_multipart(encode(Hello(edge=EDGE, run="r1", cameras=[CAMERA])))
             beat(dealer)
-            written = edge_last_seen(cloud)
+            written = settled_last_seen(cloud)  # the cloud answers a heartbeat before its write lands
             filler = fill(data)
             for _ in range(15):  # 3 s of heartbeats: three times the edge timeout
                 beat(dealer)
@@ -637,6 +637,18 @@ def beat(dealer: zmq.Socket) -> None:
     assert dealer.poll(WAIT * 1000), "no heartbeat answer"
     header, _ = decode(dealer.recv_multipart())
     assert isinstance(header, Heartbeat), header
+
+
+def settled_last_seen(cloud: CloudServer) -> datetime:
+    """The edge's last_seen once it has stopped changing (no write in flight)."""
+    seen = edge_last_seen(cloud)
+    for _ in range(int(WAIT / 0.2)):
+        time.sleep(0.2)
+        latest = edge_last_seen(cloud)
+        if latest == seen:
+            return seen
+        seen = latest
+    raise AssertionError(f"the edge's last_seen kept changing for {WAIT} s")
 
 
 def edge_last_seen(cloud: CloudServer) -> datetime:

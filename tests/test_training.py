@@ -250,6 +250,9 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     assert expected in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--context", "9"]) == 2
     assert "--context '9' is not a number of cells: give 0 to 1" in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--arch", "localized", "--context", "1"]) == 2
+    expected = "a region's context cells are for a full_frame MC, not localized: drop --context or change the kind"
+    assert expected in capsys.readouterr().err
 
 
 def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
