@@ -55,8 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--context",
         help=f"cells of the tap around the region that the MC reads but never counts, 0-{MAX_CONTEXT}: a full_frame "
-        f"MC then counts an object only where its response peaks inside the region (default: {AUTO_CONTEXT} for the "
-        "default filter, none for an explicit --arch)",
+        f"MC then counts an object only where its response peaks inside the region (the default filter always reads "
+        f"{AUTO_CONTEXT}; an explicit --arch reads none unless given)",
     )
     parser.add_argument(
         "--input-size", help="base-DNN input WxH, multiples of 32 (default: the frame size, at most 768x448 px)"
