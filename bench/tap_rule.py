@@ -119,7 +119,7 @@ def run_case(
                     architecture=architecture,
                     tap=tap,
                     input_size=input_size(dataset, size),
-                    roi=dataset.roi(case.event).model_copy(update={"context": context}),
+                    roi=dataset.roi(case.event).with_context(context),
                     frames=(0, case.train_stop),
                     seed=seed,
                     ensemble=ENSEMBLE,

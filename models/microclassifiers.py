@@ -145,7 +145,7 @@ class FullFrame(MicroClassifier):
     def cell_logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """[B, h*w] logits per cell, cells outside the region far below any real logit. `valid` (bool [B, h, w]):
         the region's cells of crops of another size than the MC's own (training on other input sizes)."""
-        return masked_cells(peaks(self.cells(features)), self.mask if valid is None else valid).flatten(1)
+        return region_peaks(self.cells(features), self.mask if valid is None else valid).flatten(1)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
@@ -156,13 +156,17 @@ class FullFrame(MicroClassifier):
         """The same max, computed for training at a third of the cost: its gradient reaches only the winning cell
         and the neighbour it is compared with, so the cells are ranked without autograd and only those two are run
         with it."""
+        mask = self.mask if valid is None else valid
         with torch.no_grad():
             logits = self.cells(features)
-            winners = masked_cells(peaks(logits), self.mask if valid is None else valid).flatten(1).argmax(dim=1)
-            _, strongest = F.max_pool2d(logits, 3, 1, 1, return_indices=True)  # per cell: its largest neighbour
-            rivals = strongest.flatten(1).gather(1, winners[:, None])[:, 0]
+            winners = region_peaks(logits, mask).flatten(1).argmax(dim=1)
+            if mask is not None:  # the neighbour each winner is compared with (itself where it is the peak)
+                _, strongest = F.max_pool2d(logits, 3, 1, 1, return_indices=True)
+                rivals = strongest.flatten(1).gather(1, winners[:, None])[:, 0]
         samples = torch.arange(features.shape[0], device=features.device)
         cells = features.flatten(2)
+        if mask is None:  # the plain max: the winner alone
+            return self.cells(cells[samples, :, winners][:, :, None, None]).flatten()
         picked = torch.stack([cells[samples, :, winners], cells[samples, :, rivals]], dim=2)
         winner, rival = self.cells(picked[:, :, :, None]).flatten(1).unbind(1)
         return 2 * winner - rival
@@ -318,19 +322,17 @@ class StackedCells(nn.Module):
 
     def member_logits(self, features: torch.Tensor) -> torch.Tensor:
         """[B, M]: each member's max over the region's cells of its peak logits (FullFrame)."""
-        return masked_cells(peaks(self.cells(features)), self.mask).flatten(2).amax(dim=2)
+        return region_peaks(self.cells(features), self.mask).flatten(2).amax(dim=2)
 
 
-def peaks(logits: torch.Tensor) -> torch.Tensor:
-    """[B, M, h, w] per-cell logits -> peak logits: 2 * logit - the largest logit of the cell's 3x3 neighbourhood."""
-    return 2 * logits - F.max_pool2d(logits, 3, 1, 1)
-
-
-def masked_cells(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """[B, M, h, w] logits with the cells outside `mask` ([h, w], or [B, h, w] per sample) far below any real one."""
+def region_peaks(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, M, h, w] per-cell logits -> what each cell counts for in the region: its peak logit (2 * logit - the
+    largest logit of its 3x3 neighbourhood), far below any real logit outside `mask` ([h, w], or [B, h, w] per
+    sample). Without a mask, the logits as they are: their max is the largest peak logit, at no cost."""
     if mask is None:
         return logits
-    return logits.masked_fill(~(mask[:, None] if mask.dim() == 3 else mask), OUTSIDE_LOGIT)
+    peaks = 2 * logits - F.max_pool2d(logits, 3, 1, 1)
+    return peaks.masked_fill(~(mask[:, None] if mask.dim() == 3 else mask), OUTSIDE_LOGIT)
 
 
 def median(values: torch.Tensor, count: int, dim: int = 0) -> torch.Tensor:

@@ -66,7 +66,7 @@ def choose_kind(
     dataset: LabelledDataset, config: TrainConfig, model_path: Path | None = None, progress: bool = True
 ) -> Choice:
     """Cross-validate each candidate kind (config's architecture and tap are ignored) and pick the best."""
-    roi = config.roi.model_copy(update={"context": max(config.roi.context, AUTO_CONTEXT)})
+    roi = config.roi.with_context(max(config.roi.context, AUTO_CONTEXT))
     configs = [
         dataclasses.replace(config, architecture=arch, tap=tap, ensemble=ENSEMBLE, roi=roi) for arch, tap in CANDIDATES
     ]

@@ -102,6 +102,12 @@ class ROI(BaseModel):
             raise ValueError(f"ROI needs x0 < x1 and y0 < y1, got ({self.x0}, {self.y0}, {self.x1}, {self.y1})")
         return self
 
+    def with_context(self, cells: int) -> ROI:
+        """This region with `cells` cells of context (0..MAX_CONTEXT)."""
+        if not 0 <= cells <= MAX_CONTEXT:
+            raise FilterForwardError(f"a region's context is 0 to {MAX_CONTEXT} cells, got {cells}")
+        return self.model_copy(update={"context": cells})
+
     def cells(self, height: int, width: int) -> tuple[slice, slice]:
         """Row and column slices of a (height x width) grid covered by this ROI's box (at least one cell) and its
         context cells: the crop an MC reads."""
@@ -149,7 +155,7 @@ class ROI(BaseModel):
         """One line for people: the polygon's points, or the box."""
         if self.polygon is not None:
             region = "polygon " + " ".join(f"{x:g},{y:g}" for x, y in self.polygon)
-        elif self.model_copy(update={"context": 0}) == FULL_FRAME:
+        elif self.with_context(0) == FULL_FRAME:
             return "full frame"
         else:
             region = f"box {self.x0:g},{self.y0:g},{self.x1:g},{self.y1:g}"

@@ -195,7 +195,7 @@ def _region(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> R
         return roi
     if not args.context.isdigit() or int(args.context) > MAX_CONTEXT:
         raise FilterForwardError(f"--context {args.context!r} is not a number of cells: give 0 to {MAX_CONTEXT}")
-    return roi.model_copy(update={"context": int(args.context)})
+    return roi.with_context(int(args.context))
 
 
 def summary(result: TrainResult, frames: tuple[int, int], optimizer: str, nproc: int) -> str:
