@@ -104,6 +104,7 @@ def run_case(
     seeds: Sequence[int],
     scales: tuple[float, ...] = (),
     context: int = 0,
+    mirror: bool = False,
 ) -> list[Outcome]:
     from models.training import TrainConfig, train_mc
 
@@ -124,6 +125,7 @@ def run_case(
                     seed=seed,
                     ensemble=ENSEMBLE,
                     scales=scales,
+                    mirror=mirror,
                     name=f"{case.event}-{tap}-{seed}".replace("_", "-"),
                 )
                 bundle = Path(folder) / f"{tap}-{seed}"
@@ -204,6 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every outcome as JSON here")
     parser.add_argument("--scales", default="", help="training scales of the candidates, e.g. 0.75,1.25")
     parser.add_argument("--context", type=int, default=0, help="cells of context around each region (default 0)")
+    parser.add_argument("--mirror", action="store_true", help="train the candidates on mirrored frames too")
     parser.add_argument("--cases", help="only the cases whose 'clip event' contains one of these (comma-separated)")
     args = parser.parse_args(argv)
     outcomes: list[Outcome] = []
@@ -212,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in (c for c in (*CASES, CONTINUATION) if any(w in f"{c.clip} {c.event}" for w in wanted)):
         dataset = open_clip(case_clip(case), args.data)
         for size in args.sizes.split(","):
-            outcomes += run_case(case, dataset, size, args.seeds, scales, args.context)
+            outcomes += run_case(case, dataset, size, args.seeds, scales, args.context, args.mirror)
         print_report(outcomes)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from tqdm import tqdm
@@ -28,6 +29,9 @@ from models.errors import FilterForwardError
 from models.roi import FULL_FRAME, ROI
 from models.taps import PIXEL_TAP, PIXELS, check_input_size
 
+if TYPE_CHECKING:
+    from models.basednn import BaseDNN
+
 log = logging.getLogger(__name__)
 
 FEATURES_FILE = "features.npy"
@@ -37,10 +41,13 @@ META_FILE = "meta.json"
 
 @dataclass(frozen=True)
 class FeatureRequest:
-    """Which crop to cache: a tap (or `pixels`) cut to an ROI."""
+    """Which crop to cache: a tap (or `pixels`) cut to an ROI; mirrored: of the mirror image of each frame, mirrored
+    back so that every cell lies where it lies in the frame (training augmentation: the same scene seen from the
+    other side, through a real base-DNN pass)."""
 
     tap: str
     roi: ROI = FULL_FRAME
+    mirrored: bool = False
 
 
 @dataclass
@@ -99,6 +106,8 @@ def cache_key(dataset: LabelledDataset, request: FeatureRequest, input_size: tup
     }
     if request.roi.context:  # a wider crop (earlier keys stay valid)
         identity["context"] = request.roi.context
+    if request.mirrored:
+        identity["mirrored"] = True
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -159,12 +168,11 @@ def _fill(
     progress: bool,
 ) -> None:
     """One pass of the base DNN over the frames any entry misses, writing every entry's crop."""
-    from models.basednn import BaseDNN, pixels  # onnxruntime + OpenCV: only needed when computing
+    from models.basednn import BaseDNN  # onnxruntime + OpenCV: only needed when computing
 
     base = BaseDNN(input_size, model_path)
     needed = {e.request.tap for e in entries}
-    taps = sorted(needed - {PIXELS})
-    unknown = [tap for tap in taps if tap not in base.taps]
+    unknown = [tap for tap in sorted(needed - {PIXELS}) if tap not in base.taps]
     if unknown:
         raise FilterForwardError(f"the base model has no tap {unknown[0]!r}; it has {sorted(base.taps)} and {PIXELS!r}")
     arrays = [
@@ -178,14 +186,13 @@ def _fill(
         dataset.name,
         *input_size,
     )
+    sides = {side: sorted({e.request.tap for e in entries if e.request.mirrored == side}) for side in (False, True)}
     done = 0
     with tqdm(total=wanted.size, desc=f"base DNN on {dataset.name}", unit="frame", disable=not progress) as bar:
         for indices, images in _batches(dataset, wanted, base.prepare, batch_size):
-            outputs = base.run(images, taps) if taps else {}
-            if PIXELS in needed:
-                outputs[PIXELS] = pixels(images)
+            outputs = {mirrored: _taps(base, images, taps, mirrored) for mirrored, taps in sides.items() if taps}
             for entry, array in zip(entries, arrays, strict=True):
-                _store(array, entry.request, outputs[entry.request.tap], indices)
+                _store(array, entry.request, outputs[entry.request.mirrored][entry.request.tap], indices)
             done += len(indices)
             bar.update(len(indices))
     if done != wanted.size:
@@ -228,6 +235,19 @@ def _batches(
             indices, images = [], []
     if indices:
         yield np.array(indices), np.stack(images)
+
+
+def _taps(base: BaseDNN, images: np.ndarray, taps: list[str], mirrored: bool) -> dict[str, np.ndarray]:
+    """The taps (and pixels) of a batch of prepared frames [N, H, W, 3]; mirrored: of their mirror images, each
+    map mirrored back. Input widths are multiples of every tap's stride, so the mirrored cells line up exactly."""
+    from models.basednn import pixels
+
+    if mirrored:
+        images = images[:, :, ::-1]
+    outputs = base.run(images, [tap for tap in taps if tap != PIXELS]) if set(taps) - {PIXELS} else {}
+    if PIXELS in taps:
+        outputs[PIXELS] = pixels(images)
+    return {tap: array[..., ::-1] for tap, array in outputs.items()} if mirrored else outputs
 
 
 def _store(array: np.memmap, request: FeatureRequest, tap: np.ndarray, indices: np.ndarray) -> None:

@@ -153,6 +153,9 @@ class TrainConfig:
     # base-DNN pass each), so that it has seen its objects larger and smaller than they were. Only the edge's
     # input size is exported and scored.
     scales: tuple[float, ...] = ()
+    # Mirror augmentation of a per-cell MC: its training frames also mirrored left to right (a real base-DNN pass
+    # each, every cell mirrored back to where it lies in the frame), the same events seen from the other side.
+    mirror: bool = False
 
     @property
     def member_steps(self) -> int:
@@ -173,8 +176,8 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class ScaledView:
-    """The training crops at another base-DNN input size (TrainConfig.scales)."""
+class AugmentedView:
+    """The training crops at another base-DNN input size (TrainConfig.scales) or mirrored (TrainConfig.mirror)."""
 
     input_size: tuple[int, int]
     cells_last: np.ndarray  # float32 [n, h, w, C], row i is frame TrainingData.first + i
@@ -195,7 +198,7 @@ class TrainingData:
     fps: float
     mask: np.ndarray  # bool [h, w]: the crop's cells inside the region
     cells_last: np.ndarray | None  # single-frame MCs: the features as float32 [n, h, w, C], in memory
-    views: tuple[ScaledView, ...] = ()  # the same frames at other input sizes, for training only
+    views: tuple[AugmentedView, ...] = ()  # the same frames at other input sizes or mirrored, for training only
 
     @property
     def crop_chw(self) -> tuple[int, int, int]:
@@ -217,7 +220,7 @@ class TrainingData:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Model inputs for these frames: crops [B, C, h, w], or for windowed MCs windows [B, W, C, h, w]
         with a mask that is False for frames before frame 0 (the edge's zero history at stream start).
-        View v > 0: the crops at `views[v - 1]`'s input size, with that size's region cells [B, h, w]."""
+        View v > 0: the crops of `views[v - 1]`, with the region cells at its input size [B, h, w]."""
         if view:
             scaled = self.views[view - 1]
             cells = self._cells(scaled.cells_last, frames, device)
@@ -402,6 +405,11 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
             f"training scales {', '.join(map(str, config.scales))} need a {_kinds_that(lambda k: k.cellwise)} MC "
             f"and factors from 0.25 to 4, not {config.architecture}: drop them or change the kind"
         )
+    if config.mirror and not kind.cellwise:  # augmented views, like scales, are built for per-cell MCs only
+        raise FilterForwardError(
+            f"mirrored training frames need a {_kinds_that(lambda k: k.cellwise)} MC, not {config.architecture}: "
+            "drop --mirror or change the kind"
+        )
     if config.roi.context and not kind.cellwise:  # other kinds zero the cells outside the region: no use to them
         raise FilterForwardError(
             f"a region's context cells are for a {_kinds_that(lambda k: k.cellwise)} MC, not {config.architecture}: "
@@ -471,7 +479,11 @@ def load_training_data(
     tap_shape = _tap_shape(config, model_path)
     mask = config.roi.cell_mask(*tap_shape[1:])
     cells_last = channels_last(features) if config.context == 1 else None
-    views = tuple(_scaled_view(dataset, config, scale, (first, stop), model_path, progress) for scale in config.scales)
+    augmented = [(scale, False) for scale in config.scales] + [(1.0, True)] * config.mirror
+    views = tuple(
+        _augmented_view(dataset, config, scale, mirrored, (first, stop), model_path, progress)
+        for scale, mirrored in augmented
+    )
     return TrainingData(
         features,
         first,
@@ -492,20 +504,21 @@ def channels_last(features: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(features, 1, -1), np.float32)
 
 
-def _scaled_view(
+def _augmented_view(
     dataset: LabelledDataset,
     config: TrainConfig,
     scale: float,
+    mirrored: bool,
     span: tuple[int, int],
     model_path: Path | None,
     progress: bool,
-) -> ScaledView:
+) -> AugmentedView:
     width, height = config.input_size
     size = round_input_size((width * scale, height * scale))
-    request = FeatureRequest(config.tap_name, config.roi)
+    request = FeatureRequest(config.tap_name, config.roi, mirrored)
     features = cached_features(dataset, [request], size, span, model_path, progress=progress)[request]
     mask = config.roi.cell_mask(*tap_shape(config.tap_name, size, model_path)[1:])
-    return ScaledView(size, channels_last(features), mask)
+    return AugmentedView(size, channels_last(features), mask)
 
 
 def make_optimizer(

@@ -253,6 +253,9 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     assert main([*base, "--event", "any_object", "--arch", "localized", "--context", "1"]) == 2
     expected = "a region's context cells are for a full_frame MC, not localized: drop --context or change the kind"
     assert expected in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--arch", "windowed", "--mirror"]) == 2
+    expected = "mirrored training frames need a full_frame MC, not windowed: drop --mirror or change the kind"
+    assert expected in capsys.readouterr().err
 
 
 def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
@@ -424,6 +427,26 @@ def test_scaled_training_views_are_the_base_dnn_at_other_input_sizes(tiny: Label
         with torch.no_grad():
             torch.testing.assert_close(own.logits(features, valid), at_view.logits(features))
     assert data.only(data.frames[:10]).views == data.views  # a cross-validation fold trains on the views too
+
+
+def test_mirrored_training_view_is_the_base_dnn_on_mirror_images(tiny: LabelledDataset, base_model: Path) -> None:
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 48),
+                         roi=TRIANGLE, mirror=True)  # fmt: skip
+    data = load_training_data(tiny, config, base_model, progress=False)
+    (view,) = data.views
+    assert view.input_size == TINY_SIZE
+    np.testing.assert_array_equal(view.mask, data.mask)  # every cell mirrored back to where it lies in the frame
+    base = BaseDNN(TINY_SIZE, base_model)
+    frame = dict(tiny.frames(5, 6))[5]
+    late = base.run(base.prepare(frame)[:, ::-1], ["late"])["late"][0, :, :, ::-1]
+    rows, cols = TRIANGLE.cells(*late.shape[1:])
+    mirrored, valid = data.inputs(np.array([5]), view=1)
+    np.testing.assert_allclose(mirrored.numpy()[0], late[:, rows, cols], atol=0.02, rtol=0.01)
+    assert (valid.numpy()[0] == data.mask).all()
+    plain, _ = data.inputs(np.array([5]))
+    assert np.abs(plain.numpy() - mirrored.numpy()).max() > 0.1  # another base-DNN pass, not the same crop
+    with pytest.raises(FilterForwardError, match="mirrored training frames need a full_frame MC, not localized"):
+        load_training_data(tiny, dataclasses.replace(config, architecture="localized", tap="mid"), base_model)
 
 
 def test_scaled_training_trains_on_every_view_and_exports_the_edge_size(

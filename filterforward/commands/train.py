@@ -66,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also train on the frames at these multiples of the input size, e.g. 0.75,1.25 (one more base-DNN pass "
         "each; full_frame and the default filter; the filter still runs at --input-size; default: none)",
     )
+    parser.add_argument(
+        "--mirror",
+        action="store_true",
+        help="also train on the frames mirrored left to right (one more base-DNN pass; full_frame and the default "
+        "filter)",
+    )
     parser.add_argument("--frames", default=None, help="training frames START:STOP (default: the first half)")
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size, half positives (default 32)")
@@ -168,6 +174,7 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
         name=args.name,
         threads=args.threads,
         scales=parse_scales(args.scales) if args.scales else (),
+        mirror=args.mirror,
     )
     candidates = []
     if args.arch == AUTO and args.nproc == 1:
