@@ -7,6 +7,7 @@ import itertools
 import logging
 import os
 import re
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from models.evaluation import event_f1
 from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
 from models.mc_kinds import AUTO_CONTEXT
 from models.microclassifiers import Ensemble, build_mc
+from models.model_selection import DRAW_SEED_STEP, DRAWS, ENSEMBLE, best_draw
 from models.roi import ROI
 from models.smoother import smooth_scores
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, default_input_size
@@ -35,6 +37,7 @@ from models.training import (
     BalancedSampler,
     Logits,
     TrainConfig,
+    cross_validate,
     fit_mc,
     load_training_data,
     make_optimizer,
@@ -344,6 +347,35 @@ def test_default_training_chooses_the_kind_by_cross_validation(
     assert validation is not None and validation.method == "occurrences" and validation.folds >= 2
     assert validation.f1_min <= validation.event_f1 <= validation.f1_max
     assert f"event F1 {validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f})" in out
+
+
+def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(
+    clip: LabelledDataset, clip_taps: dict[str, np.ndarray], base_model: Path
+) -> None:
+    config = TrainConfig(
+        event="any_object", architecture="full_frame", tap="late", input_size=CLIP_SIZE, frames=(0, 240), steps=60
+    )
+    config = dataclasses.replace(config, ensemble=ENSEMBLE, seed=7)
+    data = load_training_data(clip, config, base_model, progress=False)
+    kept, validation = best_draw(data, config)
+    estimates = {}
+    for draw in range(DRAWS):  # each draw cross-validated on its own, as best_draw must have done
+        seeded = dataclasses.replace(config, seed=7 + DRAW_SEED_STEP * draw)
+        estimates[seeded.seed] = cross_validate(data, seeded, partial(fit_mc, seeded, progress=False))
+    best_seed = max(estimates, key=lambda seed: estimates[seed].validation.event_f1)  # the first on a tie
+    assert kept == dataclasses.replace(config, seed=best_seed)
+    assert validation is not None and validation.validation == estimates[best_seed].validation
+    assert validation.point == estimates[best_seed].point  # the kept draw's operating point goes into the filter
+
+
+def test_data_that_cannot_be_cross_validated_is_tried_once(
+    tiny: LabelledDataset, base_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 12), steps=4)
+    data = load_training_data(tiny, config, base_model, progress=False)
+    with caplog.at_level(logging.WARNING, logger="models.training"):
+        assert best_draw(data, config) == (config, None)
+    assert caplog.text.count("cannot cross-validate any_object") == 1
 
 
 def test_an_event_seen_at_one_place_of_its_region_is_warned_about() -> None:
