@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -32,7 +33,7 @@ from tqdm import tqdm
 from models.base_identity import identify
 from models.bundle import check_mc_model, write_bundle
 from models.coverage import one_place_warning
-from models.crossval import CrossValidation, choose_operating_point, plan_folds, summarize
+from models.crossval import CrossValidation, FoldPlan, choose_operating_point, plan_folds, summarize
 from models.curriculum import CurriculumScheduler
 from models.datasets.labelled import UNCERTAIN, LabelledDataset
 from models.errors import FilterForwardError, validation_summary
@@ -297,19 +298,31 @@ def _fit_one(
 
 
 Fit = Callable[[TrainingData], tuple[MicroClassifier, list[float]]]
+_INIT_LOCK = threading.Lock()
 
 
-def cross_validate(data: TrainingData, config: TrainConfig, fit: Fit) -> CrossValidation | None:
-    """Out-of-fold scores of every training frame (see models/crossval.py) and the operating point they choose;
-    None when the training frames cannot be split into two folds that each hold both classes."""
-    labels = data.frame_labels()
+def fold_plan(data: TrainingData, config: TrainConfig) -> FoldPlan | None:
+    """The folds of cross-validation over time (see models/crossval.py); None, with a warning, when the training
+    frames cannot be split into two folds that each hold both classes."""
     # Runs of the event less than a second apart are one occurrence; frames within 0.2 s of a held-out frame
     # (near copies of it) or within a windowed MC's window are not trained on.
     merge_gap, guard = max(2, round(data.fps)), max(2, round(data.fps / 5), config.context)
-    plan = plan_folds(labels, data.span, merge_gap=merge_gap, guard=guard)
+    plan = plan_folds(data.frame_labels(), data.span, merge_gap=merge_gap, guard=guard)
     if len(plan.folds) < 2:
         log.warning("cannot cross-validate %s: too few occurrences and negatives to hold any out", config.event)
         return None
+    return plan
+
+
+def cross_validate(
+    data: TrainingData, config: TrainConfig, fit: Fit, plan: FoldPlan | None = None
+) -> CrossValidation | None:
+    """Out-of-fold scores of every training frame over `plan` (default: fold_plan's) and the operating point they
+    choose; None when the training frames cannot be split into two folds that each hold both classes."""
+    plan = plan or fold_plan(data, config)
+    if plan is None:
+        return None
+    labels = data.frame_labels()
     scores = np.full(labels.size, np.nan)
     for number, fold in enumerate(plan.folds, start=1):
         log.info("cross-validation fold %d of %d: %d held-out frames", number, len(plan.folds), fold.held_out.size)
@@ -322,8 +335,9 @@ def cross_validate(data: TrainingData, config: TrainConfig, fit: Fit) -> CrossVa
 
 def new_model(config: TrainConfig, data: TrainingData) -> MicroClassifier:
     """A fresh MC for the data's crops, initialised from the config's seed (the same on every rank)."""
-    torch.manual_seed(config.seed)
-    model = build_mc(config.architecture, data.crop_chw[0], data.crop_chw[1:], config.window, data.mask)
+    with _INIT_LOCK:  # torch's global generator: MCs trained in parallel threads are initialised one at a time
+        torch.manual_seed(config.seed)
+        model = build_mc(config.architecture, data.crop_chw[0], data.crop_chw[1:], config.window, data.mask)
     return model.to(config.device)
 
 
