@@ -319,8 +319,7 @@ def cross_validate(
 ) -> CrossValidation | None:
     """Out-of-fold scores of every training frame over `plan` (default: fold_plan's) and the operating point they
     choose; None when the training frames cannot be split into two folds that each hold both classes."""
-    plan = plan or fold_plan(data, config)
-    if plan is None:
+    if plan is None and (plan := fold_plan(data, config)) is None:
         return None
     labels = data.frame_labels()
     scores = np.full(labels.size, np.nan)
