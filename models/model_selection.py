@@ -113,13 +113,13 @@ def best_draw(data: TrainingData, candidate: TrainConfig) -> tuple[TrainConfig, 
     draws = [dataclasses.replace(candidate, seed=candidate.seed + DRAW_SEED_STEP * draw) for draw in range(DRAWS)]
     workers = max(1, min(DRAWS, (os.cpu_count() or 1) // candidate.threads))
     with torch_threads(candidate.threads), ThreadPoolExecutor(workers, "draw") as pool:
-        validations = list(pool.map(partial(validate_draw, data, plan), draws))
+        validations = list(pool.map(partial(_validate_draw, data, plan), draws))
     kept = max(range(DRAWS), key=lambda index: validations[index].validation.event_f1)
     log.info("%s on %s: kept the draw from seed %d", candidate.architecture, candidate.tap_name, draws[kept].seed)
     return draws[kept], validations[kept]
 
 
-def validate_draw(data: TrainingData, plan: FoldPlan, draw: TrainConfig) -> CrossValidation:
+def _validate_draw(data: TrainingData, plan: FoldPlan, draw: TrainConfig) -> CrossValidation:
     validation = cross_validate(data, draw, partial(fit_mc, draw, progress=False), plan)
     assert validation is not None  # a plan of two or more folds always validates
     return validation
