@@ -1,11 +1,11 @@
 """Development check for the default filter's tap rule, on frames the generalization benchmark never tests.
 
-Every case below lies inside a benchmark clip's training prefix (bench/generalization.py, `train_stop`), so
-the benchmark's test frames are never read here. Each case trains on its own prefix and tests on the rest of
-that prefix, which holds an occurrence its training never saw. For each case, size and seed, the default
-filter's two candidates (models/model_selection.py CANDIDATES, each an ensemble) are cross-validated and
-trained; both are replayed over the case's test frames. A tap rule (which candidate to take given the two
-cross-validated estimates) is then scored by the test F1 of what it takes. This decides the rule; the
+Every case below lies inside a benchmark clip's training prefix (bench/generalization.py, `train_stop`) or in a
+clip the benchmark does not use, so the benchmark's test frames are never read here. Each case trains on its own
+prefix and tests on the rest of that prefix, which holds an occurrence its training never saw. For each case, size
+and seed, the default filter's two candidates (models/model_selection.py CANDIDATES, each an ensemble) are
+cross-validated and trained; both are replayed over the case's test frames. A tap rule (which candidate to take
+given the two cross-validated estimates) is then scored by the test F1 of what it takes. This decides the rule; the
 benchmark is run once afterwards to report it.
 
     python bench/tap_rule.py --seeds 0-2 --sizes half --json bench/out/tap_rule.json
@@ -56,6 +56,9 @@ class Case:
 # Added for the other way it missed there, firing on people just outside a region's vertical edge (adl's left
 # quarter), with narrower strips whose prefix holds two occurrences: adl left_sixth (x < 320 px) 0-92 | 142-225,
 # adl right_fifth (x >= 1536 px) 0-129 | 160-299; split 300.
+# Added 2026-12-03 from the MOT boxes alone, before any filter was trained on them: tud-stadtmitte middle_fifth
+# (feet at 0.4 <= x < 0.6) 10-42 (one man) | 82-99 (another), inside the benchmark's prefix (split 100); tud-campus
+# right_fifth (x >= 0.8) 8-23 (one walker) | 47-70 (two others): a clip the benchmark does not use.
 CASES = (
     Case("intel-car-detection", "vehicle_present", 150, 212),
     Case("adl-rundle-6", "near_camera", 80, 300),
@@ -64,6 +67,8 @@ CASES = (
     Case("intel-car-detection", "red_vehicle_present", 200, 212),
     Case("adl-rundle-6", "left_sixth", 120, 300, "0,0 0.1667,0 0.1667,1 0,1"),
     Case("adl-rundle-6", "right_fifth", 145, 300, "0.8,0 1,0 1,1 0.8,1"),
+    Case("tud-stadtmitte", "middle_fifth", 61, 100, "0.4,0 0.6,0 0.6,1 0.4,1"),
+    Case("tud-campus", "right_fifth", 36, 71, "0.8,0 1,0 1,1 0.8,1"),
 )
 # The rest of one occurrence, its exit included (what the red car's benchmark row tests): car
 # white_vehicle_present 54-79 | 80-108 (ensemble_combine.py's case; the red car enters at 187).
@@ -91,8 +96,12 @@ def candidate_name(architecture: str, tap: str) -> str:
     return f"{architecture}@{tap}"
 
 
+# Clips the benchmark does not use: all of their frames are development data.
+DEVELOPMENT_CLIPS = (Clip("tud-campus", (), train_stop=0, mot=True),)
+
+
 def case_clip(case: Case) -> Clip:
-    clip = next(c for c in CLIPS if c.folder == case.clip)
+    clip = next(c for c in (*CLIPS, *DEVELOPMENT_CLIPS) if c.folder == case.clip)
     events = clip.events if case.polygon is None else (Event(case.event, case.polygon),)
     return dataclasses.replace(clip, events=events, train_stop=case.train_stop)
 

@@ -11,7 +11,8 @@ DRAWS seeds, keeping its best, and the candidate with the best held-out event F1
 frame from that seed. Near ties go to the earlier candidate. Every candidate is an ensemble of ENSEMBLE seeds
 (models.microclassifiers.Ensemble) and reads cells around the event's region, so that an object beside the
 region, whose response peaks outside it, does not count (models/microclassifiers.py FullFrame): AUTO_CONTEXT
-cells, or the region's own if it has more.
+cells, or the region's own if it has more. The trained filter keeps the held-out k-of-n at its own threshold
+(models.crossval.FINAL_THRESHOLD).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from models.crossval import CrossValidation, FoldPlan
+from models.crossval import FINAL_THRESHOLD, CrossValidation, FoldPlan
 from models.datasets.labelled import LabelledDataset
 from models.features import FeatureRequest, cached_features
 from models.filterspec import Validation
@@ -116,7 +117,7 @@ def best_draw(data: TrainingData, candidate: TrainConfig) -> tuple[TrainConfig, 
         validations = list(pool.map(partial(_validate_draw, data, plan), draws))
     kept = max(range(DRAWS), key=lambda index: validations[index].validation.event_f1)
     log.info("%s on %s: kept the draw from seed %d", candidate.architecture, candidate.tap_name, draws[kept].seed)
-    return draws[kept], validations[kept]
+    return draws[kept], dataclasses.replace(validations[kept], final_threshold=FINAL_THRESHOLD)
 
 
 def _validate_draw(data: TrainingData, plan: FoldPlan, draw: TrainConfig) -> CrossValidation:

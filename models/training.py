@@ -349,8 +349,8 @@ def finish_training(
     losses: list[float],
     validation: CrossValidation | None,
 ) -> TrainResult:
-    """Take the cross-validated operating point (without one: the best on the training frames), export to ONNX
-    and write the bundle to `out_dir`."""
+    """Take the cross-validated operating point (CrossValidation.final_point; without a cross-validation: the best on
+    the training frames), export to ONNX and write the bundle to `out_dir`."""
     check_finite(model, config)
     frames = np.arange(*data.span)
     with torch_threads(config.threads):
@@ -359,7 +359,7 @@ def finish_training(
     if validation is None:
         point, _ = choose_operating_point(np.concatenate([np.full(data.span[0], np.nan), scores]), labels)
     else:
-        point = validation.point
+        point = validation.final_point
     train_scores = event_f1(data.labels, point.apply(scores), BOUNDARY_TOLERANCE)
     estimate = validation and _with_coverage(validation.validation, model, data, config)
     base = None if config.kind.reads_pixels else identify(base_model_file(model_path))

@@ -22,6 +22,7 @@ from models.basednn import BaseDNN
 from models.bundle import check_mc_model, load_bundle
 from models.cache import cache_dir
 from models.coverage import one_place_warning
+from models.crossval import FINAL_THRESHOLD
 from models.datasets.labelled import LabelledDataset
 from models.datasets.synth import write_synthetic
 from models.errors import FilterForwardError
@@ -347,6 +348,8 @@ def test_default_training_chooses_the_kind_by_cross_validation(
     assert validation is not None and validation.method == "occurrences" and validation.folds >= 2
     assert validation.f1_min <= validation.event_f1 <= validation.f1_max
     assert f"event F1 {validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f})" in out
+    assert spec.smoothing.threshold == FINAL_THRESHOLD  # the final model's own class boundary, not the fold models'
+    assert "k-of-n chosen on the held-out frames, the threshold the model's own" in out
 
 
 def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(
@@ -365,7 +368,8 @@ def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(
     best_seed = max(estimates, key=lambda seed: estimates[seed].validation.event_f1)  # the first on a tie
     assert kept == dataclasses.replace(config, seed=best_seed)
     assert validation is not None and validation.validation == estimates[best_seed].validation
-    assert validation.point == estimates[best_seed].point  # the kept draw's operating point goes into the filter
+    assert validation.point == estimates[best_seed].point  # the kept draw's k-of-n goes into the filter ...
+    assert validation.final_threshold == FINAL_THRESHOLD  # ... at the final model's own threshold
 
 
 def test_data_that_cannot_be_cross_validated_is_tried_once(

@@ -193,7 +193,8 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
         estimate = candidate.validation
         f1 = f"{estimate.event_f1:.3f} ({estimate.f1_min:.3f}-{estimate.f1_max:.3f})" if estimate else "not measurable"
         print(f"candidate {candidate.architecture} on tap {candidate.tap}: held-out event F1 {f1}")
-    print(summary(result, frames, config.optimizer, args.nproc))
+    own_threshold = args.arch == AUTO and args.nproc == 1  # the default filter (models.crossval.FINAL_THRESHOLD)
+    print(summary(result, frames, config.optimizer, args.nproc, own_threshold))
 
 
 def _region(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> ROI:
@@ -205,7 +206,9 @@ def _region(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> R
     return roi.with_context(int(args.context))
 
 
-def summary(result: TrainResult, frames: tuple[int, int], optimizer: str, nproc: int) -> str:
+def summary(
+    result: TrainResult, frames: tuple[int, int], optimizer: str, nproc: int, own_threshold: bool = False
+) -> str:
     """What was trained, how it is expected to do on new footage, and what to label next."""
     spec, scores = result.spec, result.train_scores
     lines = [
@@ -227,7 +230,10 @@ def summary(result: TrainResult, frames: tuple[int, int], optimizer: str, nproc:
             f"{validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f}), precision "
             f"{validation.precision:.3f}, event recall {validation.event_recall:.3f}"
         )
-        lines.append(f"{operating_point}, chosen on the held-out frames")
+        if own_threshold:
+            lines.append(f"{operating_point}: k-of-n chosen on the held-out frames, the threshold the model's own")
+        else:
+            lines.append(f"{operating_point}, chosen on the held-out frames")
     lines.append(
         f"on its own training frames: event F1 {scores.f1:.3f} (precision {scores.precision:.3f}, event recall "
         f"{scores.event_recall:.3f}, {scores.n_detected}/{scores.n_events} events)"
