@@ -30,6 +30,7 @@ from generalization import CLIPS, REPO, Clip, Event, input_size, open_clip, seed
 
 from edge.replay import replay
 from models.bundle import load_bundle
+from models.crossval import FINAL_THRESHOLD
 from models.datasets import LabelledDataset
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
 from models.model_selection import CANDIDATES, ENSEMBLE, TIE
@@ -114,6 +115,7 @@ def run_case(
     scales: tuple[float, ...] = (),
     context: int = 0,
     mirror: bool = False,
+    final_threshold: float | None = FINAL_THRESHOLD,
 ) -> list[Outcome]:
     from models.training import TrainConfig, train_mc
 
@@ -139,7 +141,7 @@ def run_case(
                 )
                 bundle = Path(folder) / f"{tap}-{seed}"
                 started = time.perf_counter()
-                spec = train_mc(dataset, config, bundle, progress=False).spec
+                spec = train_mc(dataset, config, bundle, progress=False, final_threshold=final_threshold).spec
                 estimate = spec.validation.event_f1 if spec.validation else -1.0
                 bundles[bundle] = (seed, name, estimate)
                 log.info(
@@ -217,6 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scales", default="", help="training scales of the candidates, e.g. 0.75,1.25")
     parser.add_argument("--context", type=int, default=0, help="cells of context around each region (default 0)")
     parser.add_argument("--mirror", action="store_true", help="train the candidates on mirrored frames too")
+    parser.add_argument(
+        "--held-out-threshold",
+        action="store_true",
+        help="ship the threshold the held-out scores chose, not the final model's own (before 2026-12-03)",
+    )
     parser.add_argument("--cases", help="only the cases whose 'clip event' contains one of these (comma-separated)")
     args = parser.parse_args(argv)
     outcomes: list[Outcome] = []
@@ -225,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in (c for c in (*CASES, CONTINUATION) if any(w in f"{c.clip} {c.event}" for w in wanted)):
         dataset = open_clip(case_clip(case), args.data)
         for size in args.sizes.split(","):
-            outcomes += run_case(case, dataset, size, args.seeds, scales, args.context, args.mirror)
+            final_threshold = None if args.held_out_threshold else FINAL_THRESHOLD
+            outcomes += run_case(case, dataset, size, args.seeds, scales, args.context, args.mirror, final_threshold)
         print_report(outcomes)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

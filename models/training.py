@@ -255,12 +255,16 @@ def train_mc(
     out_dir: Path,
     model_path: Path | None = None,
     progress: bool = True,
+    final_threshold: float | None = None,
 ) -> TrainResult:
     """Cross-validate over time (which sets the operating point), train on every training frame, export to ONNX
-    and write the bundle to `out_dir`."""
+    and write the bundle to `out_dir`. `final_threshold`: the final model's own threshold instead of the held-out
+    one (what the default filter does, models.crossval.FINAL_THRESHOLD)."""
     data = load_training_data(dataset, config, model_path, progress)
     fit = partial(fit_mc, config, progress=progress)
     validation = cross_validate(data, config, fit)
+    if validation is not None:
+        validation = replace(validation, final_threshold=final_threshold)
     model, losses = fit(data)
     return finish_training(model, data, config, out_dir, model_path, losses, validation)
 
