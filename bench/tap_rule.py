@@ -229,10 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     outcomes: list[Outcome] = []
     wanted = args.cases.split(",") if args.cases else [""]
     scales = tuple(float(scale) for scale in args.scales.split(",") if scale)
+    final_threshold = None if args.held_out_threshold else FINAL_THRESHOLD
     for case in (c for c in (*CASES, CONTINUATION) if any(w in f"{c.clip} {c.event}" for w in wanted)):
         dataset = open_clip(case_clip(case), args.data)
         for size in args.sizes.split(","):
-            final_threshold = None if args.held_out_threshold else FINAL_THRESHOLD
             outcomes += run_case(case, dataset, size, args.seeds, scales, args.context, args.mirror, final_threshold)
         print_report(outcomes)
     if args.json:
