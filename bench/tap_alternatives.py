@@ -35,7 +35,7 @@ from models.datasets.labelled import UNCERTAIN
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
 from models.features import FeatureRequest, cached_features
 from models.model_selection import ENSEMBLE, TIE
-from models.roi import FULL_FRAME
+from models.roi import FULL_FRAME, ROI
 from models.training import (
     TrainConfig,
     TrainingData,
@@ -72,14 +72,18 @@ def stacked_data(dataset: LabelledDataset, case: Case, size: tuple[int, int], st
     cached = cached_features(dataset, requests, size, (0, case.test_stop), progress=False)
     mid, late = cached[requests[0]][:stop], cached[requests[1]][:stop]
     late = late.repeat(2, axis=2).repeat(2, axis=3)[:, :, : mid.shape[2], : mid.shape[3]]
-    roi = dataset.roi(case.event)
-    rows, cols = roi.cells(mid.shape[2], mid.shape[3])
-    features = np.concatenate([mid, late], axis=1)[:, :, rows, cols]
-    labels = dataset.labels[case.event][:stop]
+    return region_data(dataset, case.event, np.concatenate([mid, late], axis=1), dataset.roi(case.event))
+
+
+def region_data(dataset: LabelledDataset, event: str, features: np.ndarray, roi: ROI) -> TrainingData:
+    """Whole-tap features of frames 0..n-1 [n, C, H, W], cut to the region's crop, with the event's labels."""
+    rows, cols = roi.cells(features.shape[2], features.shape[3])
+    crops = np.ascontiguousarray(features[:, :, rows, cols])
+    labels = dataset.labels[event][: len(features)]
     certain = np.flatnonzero(labels != UNCERTAIN)
     targets = (labels[certain] == 1).astype(np.float32)
-    mask = roi.cell_mask(mid.shape[2], mid.shape[3])
-    return TrainingData(features, 0, (0, stop), labels, certain, targets, 1, dataset.fps, mask, channels_last(features))
+    mask = roi.cell_mask(features.shape[2], features.shape[3])
+    return TrainingData(crops, 0, (0, len(crops)), labels, certain, targets, 1, dataset.fps, mask, channels_last(crops))
 
 
 def run_case(case: Case, dataset: LabelledDataset, size: tuple[int, int], seed: int) -> dict[str, float]:
