@@ -4,9 +4,9 @@ One process, one clip, one input size. The clip is decoded once up front (decode
 and the same frames are replayed through `CameraPipeline` (base DNN -> MC bank -> smoothing -> JPEG
 -> a sink that discards) for every configuration: 1, 10 and 50 MCs of each kind (full_frame on `late`,
 localized and windowed on `mid`, and a mixed fleet cycling the three), and 1, 10 and 50 NoScope-style
-discrete classifiers on pixels. Each frame goes through all configurations back to back before the next
-one, every frame is timed several times and the median kept, so a noisy shared machine slows every
-configuration alike. See bench/README.md for the columns and the targets.
+discrete classifiers on pixels. The configurations take turns of ten consecutive frames in a rotating order,
+every frame is timed several times and the median kept, so a noisy shared machine slows every configuration
+alike. See bench/README.md for the columns and the targets.
 
     python bench/mc_scaling.py            # the default run (about 2 minutes on 2 idle cores)
     python bench/mc_scaling.py --quick    # a smoke run (seconds)
@@ -159,6 +159,7 @@ class Settings:
     counts: tuple[int, ...]
     repeats: int
     warmup: int
+    block: int  # consecutive frames per configuration's turn
     threads: int | None
     seed: int
     out: Path
@@ -323,17 +324,22 @@ def compute_floor(base: BaseDNN) -> dict[str, dict]:
 def run_all(configs: list[Config], frames: Sequence[Frame], fps: float, settings: Settings) -> None:
     """Time every configuration on every frame, `repeats` times.
 
-    Each frame goes through all configurations back to back (in a rotating order) before the next frame,
-    so a burst of load from other processes lands on all of them alike instead of on one whole row.
+    The frames go through the configurations in turns of `block` consecutive frames, one configuration after the
+    other in a rotating order, so a burst of load from other processes lands on all of them alike instead of on
+    one whole row, while each configuration runs several frames in a row, as an edge runs its one bank on every
+    frame. With one frame per turn every frame would find the caches full of the other 14 configurations' weights:
+    that costs the bank nothing next to the fp32 base DNN, which evicts it anyway, but about 2 ms for 50 full_frame
+    MCs next to the int8 one (bench README).
     """
     for config in configs:
         config.warm_up(frames[: settings.warmup], fps)
-    rounds = [(repeat, f) for repeat in range(settings.repeats) for f in range(len(frames))]
-    for repeat, f in tqdm(rounds, desc="timing", unit="frame", file=sys.stderr):
-        shift = repeat * len(frames) + f
+    starts = range(0, len(frames), settings.block)
+    rounds = [(repeat, start) for repeat in range(settings.repeats) for start in starts]
+    for turn, (repeat, start) in enumerate(tqdm(rounds, desc="timing", unit="turn", file=sys.stderr)):
         for i in range(len(configs)):
-            config = configs[(i + shift) % len(configs)]
-            config.samples[repeat, f] = config.process(frames[f].image, fps)
+            config = configs[(i + turn) % len(configs)]
+            for f in range(start, min(start + settings.block, len(frames))):
+                config.samples[repeat, f] = config.process(frames[f].image, fps)
     for config in configs:
         config.close()
 
@@ -420,7 +426,8 @@ def print_report(rows: list[dict], summary: dict, settings: Settings, decode_ms:
     width, height = settings.input_size
     print(
         f"\nMC scaling on {settings.video.name} at {width}x{height}, {settings.frames} frames x {settings.repeats}"
-        f" repeats (per-frame median), ONNX Runtime {ort.__version__}, {os.cpu_count()} CPUs"
+        f" repeats (per-frame median), turns of {settings.block} frames, ONNX Runtime {ort.__version__},"
+        f" {os.cpu_count()} CPUs"
     )
     print(f"decode (once, not in the rows): {decode_ms:.2f} ms/frame\n")
     print(
@@ -561,6 +568,7 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
     parser.add_argument("--counts", type=parse_counts, default=None, help="classifiers per row (default 1,10,50)")
     parser.add_argument("--repeats", type=positive, default=None, help="timed blocks per configuration (default 3)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed frames per configuration first (default 3)")
+    parser.add_argument("--block", type=positive, default=10, help="consecutive frames per configuration (default 10)")
     parser.add_argument("--threads", type=positive, default=None, help="base-DNN threads (default: ONNX Runtime's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random MC weights")
     parser.add_argument("--base-model", type=Path, help="ONNX base model, e.g. an int8 or bf16 export (default fp32)")
@@ -575,6 +583,7 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         counts=args.counts or ((1, 3) if quick else (1, 10, 50)),
         repeats=args.repeats or (1 if quick else 3),
         warmup=args.warmup if args.warmup is not None else (1 if quick else 3),
+        block=args.block,
         threads=args.threads,
         seed=args.seed,
         out=args.out,
