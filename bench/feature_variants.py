@@ -79,7 +79,9 @@ def variant_features(dataset: LabelledDataset, case: Case, config: TrainConfig, 
     return transform(tap, dataset.fps, tap[: case.train_stop, :, rows, cols]).astype(np.float16)
 
 
-def test_f1(case: Case, dataset: LabelledDataset, config: TrainConfig, transform: Transform) -> tuple[float, float]:
+def candidate_outcome(
+    case: Case, dataset: LabelledDataset, config: TrainConfig, transform: Transform
+) -> tuple[float, float]:
     """The candidate's cross-validated estimate (-1: not measurable) and its test event F1 as the default filter
     would ship it (without a cross-validation: the operating point best on the training frames, as training does)."""
     features = variant_features(dataset, case, config, transform)
@@ -107,7 +109,7 @@ def run_case(
             for candidate in CANDIDATES:
                 config = candidate_config(case, dataset, size, candidate, seed, AUTO_CONTEXT)
                 label = candidate_name(*candidate)
-                outcome.estimates[label], outcome.test_f1[label] = test_f1(case, dataset, config, transform)
+                outcome.estimates[label], outcome.test_f1[label] = candidate_outcome(case, dataset, config, transform)
             outcomes[name].append(outcome)
     return outcomes
 
