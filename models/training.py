@@ -263,7 +263,7 @@ def train_mc(
     data = load_training_data(dataset, config, model_path, progress)
     fit = partial(fit_mc, config, progress=progress)
     validation = cross_validate(data, config, fit)
-    if validation is not None:
+    if validation is not None and final_threshold is not None:
         validation = replace(validation, final_threshold=final_threshold)
     model, losses = fit(data)
     return finish_training(model, data, config, out_dir, model_path, losses, validation)
