@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -116,9 +117,11 @@ def make_site(root: Path, source: Path | str, pacing: str, timeout: float = 15.0
     return Site(cloud, edge_config, root)
 
 
-def finish(site: Site, edge: subprocess.Popen) -> None:
-    """Wait for the edge to reach the end of its clip and exit cleanly."""
+def finish(site: Site, edge: subprocess.Popen, stop: bool = False) -> None:
+    """Wait for the edge to exit cleanly: at the end of its clip, or (`stop`) on SIGTERM now, as an operator would."""
     try:
+        if stop and edge.poll() is None:
+            edge.send_signal(signal.SIGTERM)
         assert edge.wait(timeout=180) == 0, site.edge_log()
     finally:
         if edge.poll() is None:

@@ -22,7 +22,7 @@ SIZE = (192, 128)
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("clip")
-    write_synthetic(folder, n_frames=200, size=SIZE, fps=FPS)  # 20 s in real time: room for two requests
+    write_synthetic(folder, n_frames=600, size=SIZE, fps=FPS)  # 60 s in real time: room for two requests
     return folder / "video.mp4"
 
 
@@ -66,7 +66,7 @@ def test_footage_request_becomes_a_dataset(site: Site, clip: Path) -> None:
         request(site, "gate-sample", every=0.0, duration=10.0, max_frames=6)
         wait_until(lambda: dataset(site, "gate-sample")["status"] == "complete", timeout=60)
     finally:
-        finish(site, edge)
+        finish(site, edge, stop=True)
 
     again = dataset(site, "gate-sample")
     assert (again["frames"], again["expected"], again["width"], again["height"]) == (6, 6, *SIZE)

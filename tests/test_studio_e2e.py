@@ -31,8 +31,9 @@ TOKENS = [
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> LabelledDataset:
-    # 45 s in real time: footage, training and deployment happen while the camera keeps playing
-    return write_synthetic(tmp_path_factory.mktemp("clip"), n_frames=900, size=(192, 128), fps=FPS, seed=3)
+    # 3 min in real time: footage, training and deployment happen while the camera keeps playing, with room for a
+    # slow machine (about 40 s on an idle 2-core one); the edge is stopped once the new filter's event arrived
+    return write_synthetic(tmp_path_factory.mktemp("clip"), n_frames=3600, size=(192, 128), fps=FPS, seed=3)
 
 
 @pytest.fixture
@@ -85,5 +86,5 @@ def test_footage_to_deployed_filter_over_rest(site: Site, clip: LabelledDataset)
             )
             print(f"footage request to an event of the deployed filter: {time.monotonic() - started:.0f} s")
     finally:
-        finish(site, edge)
+        finish(site, edge, stop=True)
     assert "Traceback" not in site.cloud.log_text() and "Traceback" not in site.edge_log()
