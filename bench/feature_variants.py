@@ -20,7 +20,6 @@ Each variant gets tap_rule.py's report (the two draws from consecutive seeds, th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -87,12 +86,12 @@ def candidate_outcome(
     features = variant_features(dataset, case, config, transform)
     train = region_data(dataset, case.event, features[: case.train_stop], config.roi)
     every = region_data(dataset, case.event, features, config.roi)
-    validation = cross_validate(train, config, partial(fit_mc, config, progress=False))
+    validation = cross_validate(train, config, partial(fit_mc, config, progress=False), threshold=FINAL_THRESHOLD)
     model, _ = fit_mc(config, train, progress=False)
     if validation is None:
         point, _ = choose_operating_point(predict(model, train, np.arange(case.train_stop)), train.frame_labels())
     else:
-        point = dataclasses.replace(validation.point, threshold=FINAL_THRESHOLD)
+        point = validation.point
     scores = predict(model, every, np.arange(case.train_stop, case.test_stop))
     f1 = event_f1(every.labels[case.train_stop :], point.apply(scores), BOUNDARY_TOLERANCE).f1
     return (validation.validation.event_f1 if validation else -1.0), f1

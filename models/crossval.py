@@ -11,9 +11,11 @@ random frames (neighbouring frames are near copies and would make any model look
 
 A guard band of frames around the held-out frames is left out of the fold's training frames as well. Every
 training frame is scored once by a model that never saw it (out of fold), and those scores choose the
-operating point (threshold and k-of-n) that the estimate is measured at and that the final model (trained on
-every training frame) ships with. The default filter's final model ships with that k-of-n at its own threshold
-instead (FINAL_THRESHOLD): the fold models' threshold did not carry over to it.
+operating point (threshold and k-of-n) that the final model (trained on every training frame) ships with and
+that the estimate is measured at. The default filter's final model ships with that k-of-n at its own threshold
+instead (FINAL_THRESHOLD): the fold models' threshold did not carry over to it. Its estimate is then measured at
+that threshold too, so that of two filters the one whose held-out frames do well at the point it ships with
+is kept (models/model_selection.py).
 """
 
 from __future__ import annotations
@@ -180,25 +182,25 @@ def _piecewise(point: OperatingPoint, scores: np.ndarray, frames: np.ndarray) ->
 class CrossValidation:
     plan: FoldPlan
     scores: np.ndarray  # out-of-fold score per frame index (NaN: not scored)
-    point: OperatingPoint  # chosen on the held-out scores, which the estimate is measured at
+    point: OperatingPoint  # what the final model ships with and the estimate is measured at
     validation: Validation
-    final_threshold: float | None = None  # the final model's own threshold (the default filter), if not point's
-
-    @property
-    def final_point(self) -> OperatingPoint:
-        """The operating point the final model ships with: the held-out k-of-n at its final threshold, if any."""
-        if self.final_threshold is None:
-            return self.point
-        return OperatingPoint(self.final_threshold, self.point.k, self.point.n)
 
 
 def summarize(
-    plan: FoldPlan, scores: np.ndarray, labels: np.ndarray, n_positive: int, tolerance: int = BOUNDARY_TOLERANCE
+    plan: FoldPlan,
+    scores: np.ndarray,
+    labels: np.ndarray,
+    n_positive: int,
+    tolerance: int = BOUNDARY_TOLERANCE,
+    threshold: float | None = None,
 ) -> CrossValidation:
-    """The operating point chosen on the out-of-fold scores, and what it scored on each fold.
+    """The operating point chosen on the out-of-fold scores, its threshold replaced by `threshold` if given (the
+    final model's own, FINAL_THRESHOLD), and what it scored on each fold.
 
     `scores` and `labels` are indexed by frame (NaN and -1 outside the folds' held-out frames)."""
     point, _ = choose_operating_point(scores, labels, tolerance)
+    if threshold is not None:
+        point = OperatingPoint(threshold, point.k, point.n)
     held_out = np.sort(np.concatenate([fold.held_out for fold in plan.folds]))
     pooled = event_f1(labels[held_out], _piecewise(point, scores, held_out), tolerance)
     per_fold = [s.f1 for s in fold_scores(plan, scores, labels, point, tolerance)]

@@ -12,7 +12,9 @@ frame from that seed. Near ties go to the earlier candidate. Every candidate is 
 (models.microclassifiers.Ensemble) and reads cells around the event's region, so that an object beside the
 region, whose response peaks outside it, does not count (models/microclassifiers.py FullFrame): AUTO_CONTEXT
 cells, or the region's own if it has more. The trained filter keeps the held-out k-of-n at its own threshold
-(models.crossval.FINAL_THRESHOLD).
+(models.crossval.FINAL_THRESHOLD), and every estimate that chooses a draw or a candidate is measured at that
+operating point: a draw whose fold models find the held-out occurrences only below it would ship a filter that
+misses them (bench README, the selection criterion).
 """
 
 from __future__ import annotations
@@ -105,9 +107,10 @@ def choose_kind(
 
 
 def best_draw(data: TrainingData, candidate: TrainConfig) -> tuple[TrainConfig, CrossValidation | None]:
-    """Cross-validate DRAWS seeds of a candidate and keep the one with the best held-out event F1 (the first on a
-    tie); None for data that cannot be cross-validated. The draws train side by side, one per core: each is
-    single-threaded torch on its own model, so they score exactly what they would one after another."""
+    """Cross-validate DRAWS seeds of a candidate and keep the one with the best held-out event F1 at the operating
+    point the default filter ships with (the first on a tie); None for data that cannot be cross-validated. The
+    draws train side by side, one per core: each is single-threaded torch on its own model, so they score exactly
+    what they would one after another."""
     plan = fold_plan(data, candidate)
     if plan is None:
         return candidate, None
@@ -117,11 +120,12 @@ def best_draw(data: TrainingData, candidate: TrainConfig) -> tuple[TrainConfig, 
         validations = list(pool.map(partial(_validate_draw, data, plan), draws))
     kept = max(range(DRAWS), key=lambda index: validations[index].validation.event_f1)
     log.info("%s on %s: kept the draw from seed %d", candidate.architecture, candidate.tap_name, draws[kept].seed)
-    return draws[kept], dataclasses.replace(validations[kept], final_threshold=FINAL_THRESHOLD)
+    return draws[kept], validations[kept]
 
 
 def _validate_draw(data: TrainingData, plan: FoldPlan, draw: TrainConfig) -> CrossValidation:
-    validation = cross_validate(data, draw, partial(fit_mc, draw, progress=False), plan)
+    """The draw's cross-validation, its estimate at the operating point the default filter ships with."""
+    validation = cross_validate(data, draw, partial(fit_mc, draw, progress=False), plan, FINAL_THRESHOLD)
     assert validation is not None  # a plan of two or more folds always validates
     return validation
 

@@ -262,9 +262,7 @@ def train_mc(
     one (what the default filter does, models.crossval.FINAL_THRESHOLD)."""
     data = load_training_data(dataset, config, model_path, progress)
     fit = partial(fit_mc, config, progress=progress)
-    validation = cross_validate(data, config, fit)
-    if validation is not None and final_threshold is not None:
-        validation = replace(validation, final_threshold=final_threshold)
+    validation = cross_validate(data, config, fit, threshold=final_threshold)
     model, losses = fit(data)
     return finish_training(model, data, config, out_dir, model_path, losses, validation)
 
@@ -319,10 +317,15 @@ def fold_plan(data: TrainingData, config: TrainConfig) -> FoldPlan | None:
 
 
 def cross_validate(
-    data: TrainingData, config: TrainConfig, fit: Fit, plan: FoldPlan | None = None
+    data: TrainingData,
+    config: TrainConfig,
+    fit: Fit,
+    plan: FoldPlan | None = None,
+    threshold: float | None = None,
 ) -> CrossValidation | None:
     """Out-of-fold scores of every training frame over `plan` (default: fold_plan's) and the operating point they
-    choose; None when the training frames cannot be split into two folds that each hold both classes."""
+    choose (at `threshold` if given, models.crossval.summarize); None when the training frames cannot be split
+    into two folds that each hold both classes."""
     if plan is None and (plan := fold_plan(data, config)) is None:
         return None
     labels = data.frame_labels()
@@ -333,7 +336,7 @@ def cross_validate(
         check_finite(model, config)
         with torch_threads(config.threads):
             scores[fold.held_out] = predict(model, data, fold.held_out, device=config.device)
-    return summarize(plan, scores, labels, int(data.targets.sum()))
+    return summarize(plan, scores, labels, int(data.targets.sum()), threshold=threshold)
 
 
 def new_model(config: TrainConfig, data: TrainingData) -> MicroClassifier:
@@ -353,7 +356,7 @@ def finish_training(
     losses: list[float],
     validation: CrossValidation | None,
 ) -> TrainResult:
-    """Take the cross-validated operating point (CrossValidation.final_point; without a cross-validation: the best on
+    """Take the cross-validated operating point (CrossValidation.point; without a cross-validation: the best on
     the training frames), export to ONNX and write the bundle to `out_dir`."""
     check_finite(model, config)
     frames = np.arange(*data.span)
@@ -363,7 +366,7 @@ def finish_training(
     if validation is None:
         point, _ = choose_operating_point(np.concatenate([np.full(data.span[0], np.nan), scores]), labels)
     else:
-        point = validation.final_point
+        point = validation.point
     train_scores = event_f1(data.labels, point.apply(scores), BOUNDARY_TOLERANCE)
     estimate = validation and _with_coverage(validation.validation, model, data, config)
     base = None if config.kind.reads_pixels else identify(base_model_file(model_path))

@@ -3,13 +3,12 @@ estimate and warnings a filter carries."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from models.crossval import (
     FINAL_THRESHOLD,
     THRESHOLDS,
+    OperatingPoint,
     choose_operating_point,
     occurrences,
     plan_folds,
@@ -92,17 +91,19 @@ def test_a_threshold_whose_neighbours_fail_is_not_chosen() -> None:
     assert -1.5 < np.log(point.threshold / (1 - point.threshold)) < 2.5
 
 
-def test_the_final_model_keeps_the_held_out_k_of_n_at_its_own_threshold() -> None:
+def test_the_final_model_keeps_the_held_out_k_of_n_at_its_own_threshold_and_is_estimated_there() -> None:
     labels = labels_with(300, (20, 40), (100, 130), (200, 220))
     plan = plan_folds(labels, (0, 300), merge_gap=5, guard=10)
     logits = np.where(labels == 1, 4.0, 1.5)  # fold models: the classes apart only above logit 1.5
-    result = summarize(plan, 1 / (1 + np.exp(-logits)), labels, n_positive=int((labels == 1).sum()))
-    held_out_logit = np.log(result.point.threshold / (1 - result.point.threshold))
-    assert 1.5 < held_out_logit < 4.0 and result.validation.event_f1 == 1.0  # what the held-out scores choose ...
-    assert result.final_point == result.point  # what an --arch filter ships with; the default filter's ...
-    final = dataclasses.replace(result, final_threshold=FINAL_THRESHOLD).final_point
-    assert (final.threshold, final.k, final.n) == (FINAL_THRESHOLD, result.point.k, result.point.n)  # ... k-of-n at 0.5
-    assert FINAL_THRESHOLD == 0.5
+    scores, n_positive = 1 / (1 + np.exp(-logits)), int((labels == 1).sum())
+    held_out = summarize(plan, scores, labels, n_positive)  # what an --arch filter ships with
+    held_out_logit = np.log(held_out.point.threshold / (1 - held_out.point.threshold))
+    assert 1.5 < held_out_logit < 4.0 and held_out.validation.event_f1 == 1.0
+    final = summarize(plan, scores, labels, n_positive, threshold=FINAL_THRESHOLD)  # the default filter's ...
+    assert final.point == OperatingPoint(FINAL_THRESHOLD, held_out.point.k, held_out.point.n)  # ... k-of-n at 0.5
+    # ... and its estimate measured there: every held-out frame scores above 0.5, so the filter would fire on all
+    assert final.validation.event_f1 < 0.5 and final.validation.precision < 0.5
+    assert final.validation.warnings and FINAL_THRESHOLD == 0.5
 
 
 def test_summary_estimates_and_warns_with_frames_to_label() -> None:

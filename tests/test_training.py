@@ -364,12 +364,13 @@ def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(
     estimates = {}
     for draw in range(DRAWS):  # each draw cross-validated on its own, as best_draw must have done
         seeded = dataclasses.replace(config, seed=7 + DRAW_SEED_STEP * draw)
-        estimates[seeded.seed] = cross_validate(data, seeded, partial(fit_mc, seeded, progress=False))
+        fit = partial(fit_mc, seeded, progress=False)
+        estimates[seeded.seed] = cross_validate(data, seeded, fit, threshold=FINAL_THRESHOLD)
     best_seed = max(estimates, key=lambda seed: estimates[seed].validation.event_f1)  # the first on a tie
     assert kept == dataclasses.replace(config, seed=best_seed)
     assert validation is not None and validation.validation == estimates[best_seed].validation
     assert validation.point == estimates[best_seed].point  # the kept draw's k-of-n goes into the filter ...
-    assert validation.final_threshold == FINAL_THRESHOLD  # ... at the final model's own threshold
+    assert validation.point.threshold == FINAL_THRESHOLD  # ... at the final model's own threshold
 
 
 def test_data_that_cannot_be_cross_validated_is_tried_once(
