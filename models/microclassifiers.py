@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import skip_init
 
 from models.errors import FilterForwardError
 from models.mc_kinds import MC_KINDS
@@ -293,7 +294,9 @@ class Ensemble(MicroClassifier):
 class StackedCells(nn.Module):
     """M full-frame MCs with one region mask as one module: their first 1x1 convs side by side in one conv, the
     later ones as grouped convs (group i is member i), so the edge runs three convs per ensemble instead of three
-    per member, each as wide as all members together. A copy of the members' weights: build it after training."""
+    per member, each as wide as all members together. A copy of the members' weights: build it after training.
+    Its convs are made uninitialised (their weights are copied in): an initialisation would draw from torch's global
+    generator, which a model being initialised from its seed in another thread (parallel draws) relies on."""
 
     def __init__(self, members: list[MicroClassifier]):
         super().__init__()
@@ -301,7 +304,8 @@ class StackedCells(nn.Module):
         self.cells = nn.Sequential()
         for depth, convs in enumerate(zip(*layers, strict=True)):
             groups = 1 if depth == 0 else len(members)
-            stacked = nn.Conv2d(convs[0].in_channels * groups, sum(c.out_channels for c in convs), 1, groups=groups)
+            width = sum(c.out_channels for c in convs)
+            stacked = skip_init(nn.Conv2d, convs[0].in_channels * groups, width, 1, groups=groups)
             with torch.no_grad():
                 stacked.weight.copy_(torch.cat([c.weight for c in convs]))
                 stacked.bias.copy_(torch.cat([c.bias for c in convs]))

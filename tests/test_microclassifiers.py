@@ -237,3 +237,18 @@ def test_an_ensemble_takes_its_members_median_logit_and_exports_as_one_graph(cou
     windowed = build_mc("windowed", 8, (4, 6), window=3)
     with pytest.raises(FilterForwardError, match="members of one single-frame kind"):
         Ensemble([windowed, windowed])
+
+
+def test_an_ensemble_is_built_without_drawing_from_the_global_generator() -> None:
+    # Parallel draws initialise each fold's model from its seed on torch's global generator while another thread
+    # puts its trained members together: that must not draw from it, or the first model's start would depend on
+    # timing (models/model_selection.py best_draw).
+    members = []
+    for seed in (1, 2, 3):
+        torch.manual_seed(seed)
+        members.append(build_mc("full_frame", 8, (4, 6)))
+    torch.manual_seed(0)
+    expected = torch.rand(4)
+    torch.manual_seed(0)
+    assert Ensemble(members).stacked is not None
+    assert torch.equal(torch.rand(4), expected)
