@@ -23,15 +23,26 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
-from generalization import REPO, open_clip, seed_range
+from generalization import open_clip
 from tap_alternatives import region_data
-from tap_rule import CASES, Case, Outcome, candidate_config, candidate_name, case_clip, print_report
+from tap_rule import (
+    CASES,
+    Case,
+    Outcome,
+    add_case_arguments,
+    candidate_config,
+    candidate_name,
+    case_clip,
+    chosen_cases,
+    print_report,
+)
 
-from models.crossval import FINAL_THRESHOLD, choose_operating_point
+from models.crossval import FINAL_THRESHOLD, CrossValidation, OperatingPoint, choose_operating_point
 from models.datasets import LabelledDataset
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
 from models.features import FeatureRequest, cached_features
@@ -78,11 +89,19 @@ def variant_features(dataset: LabelledDataset, case: Case, config: TrainConfig, 
     return transform(tap, dataset.fps, tap[: case.train_stop, :, rows, cols]).astype(np.float16)
 
 
-def candidate_outcome(
-    case: Case, dataset: LabelledDataset, config: TrainConfig, transform: Transform
-) -> tuple[float, float]:
-    """The candidate's cross-validated estimate (-1: not measurable) and its test event F1 as the default filter
-    would ship it (without a cross-validation: the operating point best on the training frames, as training does)."""
+@dataclass(frozen=True)
+class Draw:
+    """One candidate trained from one seed as the default filter trains it, and its scores of the test frames."""
+
+    validation: CrossValidation | None  # estimate at the shipped operating point; None: not measurable
+    point: OperatingPoint  # what it ships with
+    labels: np.ndarray  # the training frames' labels, by frame (TrainingData.frame_labels)
+    test_scores: np.ndarray  # the final model's scores of frames train_stop..test_stop-1
+
+
+def train_draw(case: Case, dataset: LabelledDataset, config: TrainConfig, transform: Transform) -> Draw:
+    """Cross-validate and train the candidate on the case's training frames (without a cross-validation: the
+    operating point best on the training frames, as training does) and score the test frames."""
     features = variant_features(dataset, case, config, transform)
     train = region_data(dataset, case.event, features[: case.train_stop], config.roi)
     every = region_data(dataset, case.event, features, config.roi)
@@ -93,8 +112,18 @@ def candidate_outcome(
     else:
         point = validation.point
     scores = predict(model, every, np.arange(case.train_stop, case.test_stop))
-    f1 = event_f1(every.labels[case.train_stop :], point.apply(scores), BOUNDARY_TOLERANCE).f1
-    return (validation.validation.event_f1 if validation else -1.0), f1
+    return Draw(validation, point, train.frame_labels(), scores)
+
+
+def candidate_outcome(
+    case: Case, dataset: LabelledDataset, config: TrainConfig, transform: Transform
+) -> tuple[float, float]:
+    """The candidate's cross-validated estimate (-1: not measurable) and its test event F1 as the default filter
+    would ship it."""
+    draw = train_draw(case, dataset, config, transform)
+    truth = dataset.labels[case.event][case.train_stop : case.test_stop]
+    f1 = event_f1(truth, draw.point.apply(draw.test_scores), BOUNDARY_TOLERANCE).f1
+    return (draw.validation.validation.event_f1 if draw.validation else -1.0), f1
 
 
 def run_case(
@@ -116,19 +145,15 @@ def run_case(
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="folder with the clips")
-    parser.add_argument("--seeds", type=seed_range, default=(0, 1, 2, 3), help="seeds, e.g. 0-3 (default)")
-    parser.add_argument("--sizes", default="half", help="comma-separated: default, half (default: half)")
+    add_case_arguments(parser, (0, 1, 2, 3))
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
-    parser.add_argument("--cases", help="only the cases whose 'clip event' contains one of these (comma-separated)")
     args = parser.parse_args(argv)
-    wanted = args.cases.split(",") if args.cases else [""]
     names = args.variants.split(",")
     if unknown := set(names) - set(VARIANTS):
         parser.error(f"unknown variants {sorted(unknown)}: choose from {', '.join(VARIANTS)}")
     chosen = {name: VARIANTS[name] for name in names}
     outcomes: dict[str, list[Outcome]] = {name: [] for name in chosen}
-    for case in (c for c in CASES if any(w in f"{c.clip} {c.event}" for w in wanted)):
+    for case in chosen_cases(CASES, args.cases):
         for size in args.sizes.split(","):
             for name, found in run_case(case, args.data, size, args.seeds, chosen).items():
                 outcomes[name] += found

@@ -227,13 +227,26 @@ def print_selection(outcomes: list[Outcome]) -> None:
         print(f"{'best estimate of two ensembles':<34} {statistics.fmean(selected):12.3f} {min(selected):6.3f}")
 
 
+def add_case_arguments(parser: argparse.ArgumentParser, seeds: tuple[int, ...]) -> None:
+    """The options every development script over these cases takes: --data, --seeds, --sizes, --cases."""
+    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="folder with the clips")
+    default = f"{seeds[0]}-{seeds[-1]}"
+    parser.add_argument("--seeds", type=seed_range, default=seeds, help=f"seeds, e.g. {default} (default)")
+    parser.add_argument("--sizes", default="half", help="comma-separated: default, half (default: half)")
+    parser.add_argument("--cases", help="only the cases whose 'clip event' contains one of these (comma-separated)")
+
+
+def chosen_cases(cases: Sequence[Case], selection: str | None) -> list[Case]:
+    """The cases `--cases` names (all of them without it)."""
+    wanted = selection.split(",") if selection else [""]
+    return [case for case in cases if any(w in f"{case.clip} {case.event}" for w in wanted)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data", help="folder with the clips")
-    parser.add_argument("--seeds", type=seed_range, default=(0, 1, 2), help="seeds, e.g. 0-2 (default)")
-    parser.add_argument("--sizes", default="half", help="comma-separated: default, half (default: half)")
+    add_case_arguments(parser, (0, 1, 2))
     parser.add_argument("--json", type=Path, help="also write every outcome as JSON here")
     parser.add_argument("--scales", default="", help="training scales of the candidates, e.g. 0.75,1.25")
     parser.add_argument("--context", type=int, default=0, help="cells of context around each region (default 0)")
@@ -243,13 +256,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="ship the threshold the held-out scores chose, not the final model's own (before 2026-12-03)",
     )
-    parser.add_argument("--cases", help="only the cases whose 'clip event' contains one of these (comma-separated)")
     args = parser.parse_args(argv)
     outcomes: list[Outcome] = []
-    wanted = args.cases.split(",") if args.cases else [""]
     scales = tuple(float(scale) for scale in args.scales.split(",") if scale)
     final_threshold = None if args.held_out_threshold else FINAL_THRESHOLD
-    for case in (c for c in (*CASES, CONTINUATION) if any(w in f"{c.clip} {c.event}" for w in wanted)):
+    for case in chosen_cases((*CASES, CONTINUATION), args.cases):
         dataset = open_clip(case_clip(case), args.data)
         for size in args.sizes.split(","):
             outcomes += run_case(case, dataset, size, args.seeds, scales, args.context, args.mirror, final_threshold)
