@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from feature_variants import VARIANTS, Draw, train_draw
 from generalization import open_clip
+from tap_alternatives import logit, sigmoid
 from tap_rule import CASES, Case, add_case_arguments, candidate_config, candidate_name, case_clip, chosen_cases, prefer
 
 from models.crossval import FINAL_THRESHOLD, summarize
@@ -39,23 +40,14 @@ COMBINATIONS: dict[str, Combine] = {"min": np.minimum, "mean": lambda a, b: (a +
 RULE = prefer(*(candidate_name(*candidate) for candidate in CANDIDATES))
 
 
-def logit(scores: np.ndarray) -> np.ndarray:
-    clipped = np.clip(scores, 1e-7, 1 - 1e-7)
-    return np.log(clipped / (1 - clipped))
-
-
-def probability(logits: np.ndarray) -> np.ndarray:
-    return 1 / (1 + np.exp(-logits))
-
-
 def both(first: Draw, second: Draw, combine: Combine) -> tuple[float, np.ndarray]:
     """The two draws as one filter: its estimate at the point it ships with, and its decisions on the test frames."""
     assert first.validation is not None and second.validation is not None
-    scores = probability(combine(logit(first.validation.scores), logit(second.validation.scores)))  # NaN stays NaN
+    scores = sigmoid(combine(logit(first.validation.scores), logit(second.validation.scores)))  # NaN stays NaN
     validation = summarize(
         first.validation.plan, scores, first.labels, int((first.labels == 1).sum()), threshold=FINAL_THRESHOLD
     )
-    test = probability(combine(logit(first.test_scores), logit(second.test_scores)))
+    test = sigmoid(combine(logit(first.test_scores), logit(second.test_scores)))
     return validation.validation.event_f1, validation.point.apply(test)
 
 
