@@ -50,7 +50,7 @@ from models.cache import cache_dir
 from models.datasets.frames import probe, read_frames
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec, Smoothing
-from models.model_selection import CANDIDATES, ENSEMBLE
+from models.model_selection import CANDIDATES, DRAWS, ENSEMBLE
 from models.taps import default_input_size, round_input_size
 
 log = logging.getLogger("bench.cameras")
@@ -144,7 +144,7 @@ class Weights:
 
 
 def app_weights(size: tuple[int, int], count: int, seed: int, taps: tuple[str, ...] = TAPS) -> list[Weights]:
-    """`count` ensembles of ENSEMBLE random full_frame MCs, on `taps` and ROI_BOXES in turn."""
+    """`count` default filters (DRAWS ensembles of ENSEMBLE random full_frame MCs), on `taps` and ROI_BOXES in turn."""
     import torch
 
     from models.mc_export import export_mc
@@ -159,7 +159,8 @@ def app_weights(size: tuple[int, int], count: int, seed: int, taps: tuple[str, .
         channels, height, width = EFFICIENTNET_LITE0_TAPS[tap].shape(size)
         crop = (channels, *roi.cell_shape(height, width))
         torch.manual_seed(seed + j)
-        model = Ensemble([build_mc("full_frame", channels, crop[1:], window=1) for _ in range(ENSEMBLE)])
+        members = [build_mc("full_frame", channels, crop[1:], window=1) for _ in range(ENSEMBLE * DRAWS)]
+        model = Ensemble(members, DRAWS)
         spec = FilterSpec(name=f"app{j:02d}", architecture="full_frame", tap=tap, roi=roi, input_size=size)
         apps.append(Weights(spec, export_mc(model.eval(), crop)))
     return apps
