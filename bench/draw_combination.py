@@ -8,7 +8,8 @@ models/model_selection.py does (feature_variants.train_draw, the tap as is). Per
   rule;
 * `min`: both draws in the filter, a frame's logit the lower of the two ensembles' (both must fire): what it ships
   now (models.model_selection.DRAWS);
-* `mean`: both draws, the mean of the two logits.
+* `mean`: both draws, the mean of the two logits;
+* `either`: per candidate, `min` or the draw `select` keeps, whichever has the higher estimate (`min` on a tie).
 
 A combination is judged like a draw: its out-of-fold scores (the two draws' combined per frame, over the same
 folds) choose k-of-n at the final model's own threshold and give the estimate the tap rule compares; its test
@@ -66,7 +67,16 @@ def pair_outcomes(draws: dict[str, tuple[Draw, Draw]], truth: np.ndarray) -> dic
         judged = {name: both(*pair, combine) for name, pair in draws.items()}
         taken = RULE({name: estimate for name, (estimate, _) in judged.items()})
         outcomes[label] = f1(judged[taken][1])
+        if label == "min":
+            either = {name: max(judged[name], alone(kept[name]), key=lambda option: option[0]) for name in draws}
+            taken = RULE({name: estimate for name, (estimate, _) in either.items()})
+            outcomes["either"] = f1(either[taken][1])
     return outcomes
+
+
+def alone(draw: Draw) -> tuple[float, np.ndarray]:
+    """One draw as the filter: its estimate and its decisions on the test frames."""
+    return draw.validation.validation.event_f1, draw.point.apply(draw.test_scores)
 
 
 def run_case(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[int]) -> list[dict[str, float]]:
@@ -99,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         found: list[dict[str, float]] = []
         for case in chosen_cases(CASES, args.cases):
             found += run_case(case, open_clip(case_clip(case), args.data), size, args.seeds)
-        for name in ("select", *COMBINATIONS):
+        for name in ("select", *COMBINATIONS, "either"):
             values = [outcome[name] for outcome in found]
             if values:
                 print(f"{size:<7} {name:<7} mean {statistics.fmean(values):.3f}  worst {min(values):.3f}")

@@ -3,10 +3,11 @@
 One process, one clip, one input size. The clip is decoded once up front (decode is reported on its own)
 and the same frames are replayed through `CameraPipeline` (base DNN -> MC bank -> smoothing -> JPEG
 -> a sink that discards) for every configuration: 1, 10 and 50 MCs of each kind (full_frame on `late`,
-localized and windowed on `mid`, and a mixed fleet cycling the three), and 1, 10 and 50 NoScope-style
-discrete classifiers on pixels. The configurations take turns of ten consecutive frames in a rotating order,
-every frame is timed several times and the median kept, so a noisy shared machine slows every configuration
-alike. See bench/README.md for the columns and the targets.
+localized and windowed on `mid`, a mixed fleet cycling the three, and the default filter as `filterforward train`
+ships it: two draws of three full_frame members on `mid`, one graph, over a region and its context cells), and
+1, 10 and 50 NoScope-style discrete classifiers on pixels. The configurations take turns of ten consecutive
+frames in a rotating order, every frame is timed several times and the median kept, so a noisy shared machine
+slows every configuration alike. See bench/README.md for the columns and the targets.
 
     python bench/mc_scaling.py            # the default run (about 2 minutes on 2 idle cores)
     python bench/mc_scaling.py --quick    # a smoke run (seconds)
@@ -39,6 +40,9 @@ from edge.sources import Frame, open_source
 from models.basednn import BaseDNN
 from models.errors import FilterForwardError
 from models.filterspec import Encoding, FilterSpec, Smoothing
+from models.mc_kinds import AUTO_CONTEXT
+from models.microclassifiers import Ensemble, MicroClassifier, build_mc
+from models.model_selection import DRAWS, ENSEMBLE
 from models.roi import FULL_FRAME, ROI
 from models.smoother import Event
 from models.taps import PIXEL_TAP, PIXELS, Tap, check_input_size
@@ -67,23 +71,39 @@ TARGETS = {"fps_ratio": 0.8, "marginal_ratio": 20.0, "break_even": 2}
 
 @dataclass(frozen=True)
 class Kind:
-    """A row group of the table: one classifier architecture on one tap."""
+    """A row group of the table: one classifier architecture on one tap (`draws` ensembles of `ensemble` members
+    each in one graph, regions read with `context` cells around them: the default filter)."""
 
     name: str
     architecture: str
     tap: str
+    ensemble: int = 1
+    draws: int = 1
+    context: int = 0
 
     @property
     def roi_boxes(self) -> tuple[ROI, ...]:
+        if self.context:
+            return tuple(roi.with_context(self.context) for roi in ROI_BOXES)
         return (FULL_FRAME,) if self.architecture == "full_frame" else ROI_BOXES
 
+    def model(self, channels: int, roi: ROI, tap_hw: tuple[int, int]) -> MicroClassifier:
+        """A random-initialised classifier of this kind on the ROI's crop of a tap of `tap_hw` cells."""
+        crop_hw, mask = roi.cell_shape(*tap_hw), roi.cell_mask(*tap_hw)
+        members = [
+            build_mc(self.architecture, channels, crop_hw, WINDOW, mask) for _ in range(self.ensemble * self.draws)
+        ]
+        return members[0] if len(members) == 1 else Ensemble(members, self.draws)
 
-MC_KINDS = (
+
+PAPER_KINDS = (
     Kind("full_frame", "full_frame", "late"),
     Kind("localized", "localized", "mid"),
     Kind("windowed", "windowed", "mid"),
 )
-MIXED = "mixed"
+DEFAULT_FILTER = Kind("default", "full_frame", "mid", ENSEMBLE, DRAWS, AUTO_CONTEXT)
+MC_KINDS = (*PAPER_KINDS, DEFAULT_FILTER)
+MIXED = "mixed"  # a fleet cycling the paper's kinds
 DISCRETE = Kind("discrete", "discrete", PIXELS)
 
 
@@ -195,7 +215,6 @@ def build_fleet(kind: Kind, count: int, base: BaseDNN, seed: int) -> list[Filter
     import torch
 
     from models.mc_export import export_mc
-    from models.microclassifiers import build_mc
 
     channels, height, width = tap_of(kind, base).shape(base.input_size)
     fleet = []
@@ -203,7 +222,7 @@ def build_fleet(kind: Kind, count: int, base: BaseDNN, seed: int) -> list[Filter
         roi = kind.roi_boxes[i % len(kind.roi_boxes)]
         crop = (channels, *roi.cell_shape(height, width))
         torch.manual_seed(seed + i)
-        model = build_mc(kind.architecture, crop[0], crop[1:], window=WINDOW)
+        model = kind.model(channels, roi, (height, width))
         spec = FilterSpec(
             name=f"{kind.name}-{i:03d}",
             architecture=kind.architecture,
@@ -236,7 +255,7 @@ def calibrate(fleet: list[Filter], base: BaseDNN, prepared: Sequence[np.ndarray]
 
 def mixed_fleet(fleets: dict[str, list[Filter]], count: int) -> list[Filter]:
     """The first `count` of a fleet that cycles full_frame, localized, windowed."""
-    kinds = [kind.name for kind in MC_KINDS]
+    kinds = [kind.name for kind in PAPER_KINDS]
     return [fleets[kinds[i % len(kinds)]][i // len(kinds)] for i in range(count)]
 
 
@@ -255,7 +274,7 @@ def build_configs(settings: Settings, base: BaseDNN, frames: Sequence[Frame], fp
     prepared = [base.prepare(frame.image) for frame in frames]
     taps = [base.run(image, {kind.tap for kind in MC_KINDS}) for image in prepared]
     fleets = {}
-    for kind in (*MC_KINDS, DISCRETE):  # the mixed fleet reuses members of the three MC fleets
+    for kind in (*MC_KINDS, DISCRETE):  # the mixed fleet reuses members of the paper kinds' fleets
         log.info("exporting and calibrating %d %s classifiers", largest, kind.name)
         fleets[kind.name] = calibrate(build_fleet(kind, largest, base, settings.seed), base, prepared, taps)
     groups = [*(kind.name for kind in MC_KINDS), MIXED, DISCRETE.name]
@@ -269,13 +288,13 @@ def build_configs(settings: Settings, base: BaseDNN, frames: Sequence[Frame], fp
 
 def classifier_macs(kind: Kind, tap_shape: tuple[int, int, int]) -> float:
     """Multiply-accumulates of one classifier of this kind, averaged over the ROI boxes it cycles through."""
-    from models.microclassifiers import build_mc, count_macs
+    from models.microclassifiers import count_macs
 
     channels, height, width = tap_shape
     total = 0
     for roi in kind.roi_boxes:
         crop = (channels, *roi.cell_shape(height, width))
-        model = build_mc(kind.architecture, channels, crop[1:], window=WINDOW)
+        model = kind.model(channels, roi, (height, width))
         total += count_macs(model, model.example_inputs(crop))
     return total / len(kind.roi_boxes)
 
@@ -300,10 +319,10 @@ def compute_floor(base: BaseDNN) -> dict[str, dict]:
     The base is counted up to the deepest tap the kind reads; MC ratios and break-even follow from MACs alone.
     """
     mmacs = {kind.name: classifier_macs(kind, tap_of(kind, base).shape(base.input_size)) / 1e6 for kind in MC_KINDS}
-    mmacs[MIXED] = statistics.mean(mmacs.values())
+    mmacs[MIXED] = statistics.mean(mmacs[kind.name] for kind in PAPER_KINDS)
     discrete = classifier_macs(DISCRETE, PIXEL_TAP.shape(base.input_size)) / 1e6
     deepest = {kind.name: kind.tap for kind in MC_KINDS}
-    deepest[MIXED] = max(deepest.values(), key=lambda tap: base.taps[tap].stride)
+    deepest[MIXED] = max((kind.tap for kind in PAPER_KINDS), key=lambda tap: base.taps[tap].stride)
     floor: dict[str, dict] = {DISCRETE.name: {"mmacs": discrete}}
     for kind, mc in mmacs.items():
         base_mmacs = base_macs(base.input_size, deepest[kind]) / 1e6
