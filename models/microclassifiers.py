@@ -300,6 +300,8 @@ class Ensemble(MicroClassifier):
     def _combine(self, values: torch.Tensor) -> torch.Tensor:
         """[B, M, ...] members' values -> [B, ...]: each draw's median, the lowest of them."""
         per_draw = len(self.members) // self.draws
+        if self.draws == 1:  # no draws to take the lowest of: nothing more in the edge's graph
+            return median(values, per_draw, dim=1)
         return median(values.unflatten(1, (self.draws, per_draw)), per_draw, dim=2).amin(dim=1)
 
 

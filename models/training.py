@@ -285,6 +285,9 @@ def fit_mc(
     every optimizer step (learning curves)."""
     if config.ensemble == 1 and config.draws == 1:
         return _fit_one(config, data, progress, on_step)
+    if config.draws == 1:
+        members, losses = _fit_members(data, on_step, config, progress)
+        return Ensemble(members), losses
     draws = [replace(config, seed=config.seed + DRAW_SEED_STEP * draw, draws=1) for draw in range(config.draws)]
     workers = max(1, min(config.draws, (os.cpu_count() or 1) // config.threads))
     with torch_threads(config.threads), ThreadPoolExecutor(workers, "draw") as pool:
