@@ -3,11 +3,11 @@
 The real `edge.node.EdgeNode` (cameras in their own threads, realtime pacing, a folder sink, no cloud) runs N
 cameras for a fixed time; each camera replays a loop of the real car clip (768x432, 12.5 fps) from its own start
 frame, so the cameras never see the same frame at once. Every camera has its own 10 filters (the default
-filter's shape: an ensemble of three full_frame MCs, on `mid` and `late` in turn, on five regions in turn; random
-weights, thresholds set so each passes about --match-share of the frames). N grows 1, 2, 3, ... per
-configuration until a camera drops a frame after the warm-up; configurations run side by side (every N runs
-each configuration still in the race, in a rotating order): the fp32 base DNN, int8 (exported once, calibrated
-on the car clip), and each with the change gate on (its default settings) and off.
+filter's shape: two draws of three full_frame MCs, on `mid` and `late` in turn, on five regions (with their
+context cells) in turn; random weights, thresholds set so each passes about --match-share of the frames). N grows
+1, 2, 3, ... per configuration until a camera drops a frame after the warm-up; configurations run side by side
+(every N runs each configuration still in the race, in a rotating order): the fp32 base DNN, int8 (exported once,
+calibrated on the car clip), and each with the change gate on (its default settings) and off.
 
 Then one 1080p camera (adl-rundle-6, 1920x1080, looped at 12.5 fps) at the input size a 1080p camera gets by
 default and at half of it, in the same four configurations: does it run in real time?
@@ -31,12 +31,12 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
-from mc_scaling import ROI_BOXES
+from mc_scaling import DEFAULT_FILTER
 
 from edge.config import CameraConfig, CameraDefaults, EdgeConfig, GateSettings, SinkConfig
 from edge.mcbank import CameraState, MCBank
@@ -50,7 +50,7 @@ from models.cache import cache_dir
 from models.datasets.frames import probe, read_frames
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec, Smoothing
-from models.model_selection import CANDIDATES, DRAWS, ENSEMBLE
+from models.model_selection import CANDIDATES
 from models.taps import default_input_size, round_input_size
 
 log = logging.getLogger("bench.cameras")
@@ -144,24 +144,24 @@ class Weights:
 
 
 def app_weights(size: tuple[int, int], count: int, seed: int, taps: tuple[str, ...] = TAPS) -> list[Weights]:
-    """`count` default filters (DRAWS ensembles of ENSEMBLE random full_frame MCs), on `taps` and ROI_BOXES in turn."""
+    """`count` default filters (mc_scaling's DEFAULT_FILTER: random weights, its regions with their context cells)
+    on `taps` and those regions in turn."""
     import torch
 
     from models.mc_export import export_mc
-    from models.microclassifiers import Ensemble, build_mc
     from models.taps import EFFICIENTNET_LITE0_TAPS
 
     # torch.onnx tracing warns about a Python boolean in the MC code on every export: noise here.
     warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
     apps = []
     for j in range(count):
-        tap, roi = taps[j % len(taps)], ROI_BOXES[j % len(ROI_BOXES)]
-        channels, height, width = EFFICIENTNET_LITE0_TAPS[tap].shape(size)
+        kind = replace(DEFAULT_FILTER, tap=taps[j % len(taps)])
+        roi = kind.roi_boxes[j % len(kind.roi_boxes)]
+        channels, height, width = EFFICIENTNET_LITE0_TAPS[kind.tap].shape(size)
         crop = (channels, *roi.cell_shape(height, width))
         torch.manual_seed(seed + j)
-        members = [build_mc("full_frame", channels, crop[1:], window=1) for _ in range(ENSEMBLE * DRAWS)]
-        model = Ensemble(members, DRAWS)
-        spec = FilterSpec(name=f"app{j:02d}", architecture="full_frame", tap=tap, roi=roi, input_size=size)
+        model = kind.model(channels, roi, (height, width))
+        spec = FilterSpec(name=f"app{j:02d}", architecture=kind.architecture, tap=kind.tap, roi=roi, input_size=size)
         apps.append(Weights(spec, export_mc(model.eval(), crop)))
     return apps
 
