@@ -70,11 +70,13 @@ STATS_NEVER = 1e6  # the node's stats window never turns over during a run: the 
 
 @dataclass(frozen=True)
 class Variant:
-    """One configuration of the edge: the base model's precision and whether the change gate is on."""
+    """One configuration of the edge: the base model's precision, whether the change gate is on, and the frames each
+    camera queues ahead of the base DNN (None: the edge's default, `buffer_frames`)."""
 
     name: str
     precision: str
     gate: bool
+    buffer: int | None = None
 
 
 VARIANTS = (
@@ -386,7 +388,9 @@ def run_edge(
             edge_id="bench-cameras",
             base_model=model,
             input_size=size,
-            defaults=CameraDefaults(pacing="realtime", fps=CAMERA_FPS, change_gate=GateSettings(enabled=variant.gate)),
+            defaults=CameraDefaults(
+                pacing="realtime", fps=CAMERA_FPS, change_gate=GateSettings(enabled=variant.gate), **buffer(variant)
+            ),
             cameras=[CameraConfig(name=name, source=str(clip)) for name, clip in zip(names, clips, strict=True)],
             filters=[path for name in names for path in bundles[name]],
             sink=SinkConfig(path=Path(sink)),
@@ -692,6 +696,23 @@ def default_data() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "data"
 
 
+def variant_named(text: str) -> Variant:
+    """A configuration by name, with '@F' for F frames queued per camera (int8+gate@2)."""
+    name, _, frames = text.partition("@")
+    by_name = {v.name: v for v in VARIANTS}
+    if name not in by_name:
+        raise ValueError(f"unknown configuration {name!r}; use {', '.join(by_name)}")
+    if not frames:
+        return by_name[name]
+    if not frames.isdigit() or int(frames) < 1:
+        raise ValueError(f"configuration {text!r}: the frames after '@' must be a whole number >= 1")
+    return replace(by_name[name], name=text, buffer=int(frames))
+
+
+def buffer(variant: Variant) -> dict[str, int]:
+    return {} if variant.buffer is None else {"buffer_frames": variant.buffer}
+
+
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smoke run: up to 2 cameras, 5 s after a 2 s warm-up")
@@ -711,7 +732,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument(
         "--configs",
         default=DEFAULT_VARIANTS,
-        help=f"configurations, the first the reference (default {DEFAULT_VARIANTS}; also bf16, bf16+gate)",
+        help=f"configurations, the first the reference (default {DEFAULT_VARIANTS}; also bf16, bf16+gate; NAME@F: "
+        "each camera queues F frames instead of the edge's default)",
     )
     parser.add_argument(
         "--hd-sizes",
@@ -734,10 +756,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         args.hd_sizes = "default" if args.hd_sizes == "default,half" else args.hd_sizes
     args.seconds = args.seconds or (5.0 if args.quick else 20.0)
     args.warmup = args.warmup if args.warmup is not None else (2.0 if args.quick else 5.0)
-    by_name = {v.name: v for v in VARIANTS}
-    unknown = [name for name in args.configs.split(",") if name not in by_name]
-    if unknown:
-        parser.error(f"unknown configuration {unknown[0]!r}; use {', '.join(by_name)}")
+    try:
+        variants = tuple(variant_named(name) for name in args.configs.split(","))
+    except ValueError as exc:
+        parser.error(str(exc))
     hd_size = default_input_size((1920, 1080))
     named = {"default": hd_size, "half": round_input_size((hd_size[0] // 2, hd_size[1] // 2))}
     hd_sizes = () if args.hd_sizes == "none" else tuple(
@@ -751,7 +773,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         mcs=args.mcs,
         match_share=args.match_share,
         stop_share=args.stop_share,
-        variants=tuple(by_name[name] for name in args.configs.split(",")),
+        variants=variants,
         hd_sizes=hd_sizes,
         taps=tuple(args.taps.split(",")),
         seed=args.seed,

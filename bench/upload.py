@@ -398,7 +398,7 @@ def record_captures(node: EdgeNode, camera: str) -> dict[int, float]:
     """frame index -> wall time its source handed it to the pipeline's queue, as a camera delivers a frame.
     The source's (private) queue is wrapped on this instance only; the edge's code is unchanged."""
     captured: dict[int, float] = {}
-    queue = node._sources[camera]._queue
+    queue = node.sources[camera]._queue
     put = queue.put
 
     def timed_put(frame: Frame, *, drop_oldest: bool) -> int:

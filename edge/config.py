@@ -71,6 +71,13 @@ class CameraSettings(BaseModel):
     resolution: tuple[Dimension, Dimension] | None = Field(
         None, description="decode output (width, height): frames are resized to it; default the camera's own size"
     )
+    buffer_frames: int = Field(
+        8,
+        ge=1,
+        le=250,
+        description="decoded frames queued ahead of the base DNN (8: 0.64 s at 12.5 fps): a camera rides out a "
+        "slow frame or a burst without dropping; realtime pacing drops the oldest beyond them",
+    )
     upload: UploadSettings = Field(default_factory=UploadSettings, description="the matched-frame H.264 stream")
     change_gate: GateSettings = Field(
         default_factory=GateSettings, description="skip the base DNN on frames that barely changed"

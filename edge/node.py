@@ -91,13 +91,20 @@ class EdgeNode:
         self.metrics: MetricsServer | None = None
         self._stop = threading.Event()  # set by run() once a stop was asked for: the camera threads see it
         self._stop_requests = 0  # stop() only increments this: safe in a signal handler
-        self._sources = {
-            cam.name: open_source(cam.source, pacing=cam.pacing, fps=cam.fps, resolution=cam.resolution, name=cam.name)
+        self.sources = {
+            cam.name: open_source(
+                cam.source,
+                pacing=cam.pacing,
+                fps=cam.fps,
+                resolution=cam.resolution,
+                queue_size=cam.buffer_frames,
+                name=cam.name,
+            )
             for cam in config.cameras
         }
         self.pipelines = {
             cam.name: CameraPipeline(
-                cam.name, self.base, self.bank, self.sink, self._sources[cam.name].fps, cam.upload, cam.change_gate
+                cam.name, self.base, self.bank, self.sink, self.sources[cam.name].fps, cam.upload, cam.change_gate
             )
             for cam in config.cameras
         }
@@ -121,7 +128,7 @@ class EdgeNode:
             self._stop.set()
             # A camera blocked on its next frame gets None once its source closes: its loop ends and its events
             # close. In parallel: a live source's reader may take seconds to give up a stalled connection.
-            closers = [threading.Thread(target=source.close) for source in self._sources.values()]
+            closers = [threading.Thread(target=source.close) for source in self.sources.values()]
             for thread in closers:
                 thread.start()
             for thread in closers + threads:
@@ -224,7 +231,7 @@ class EdgeNode:
         return uplink.spool.messages + (self.footage.waiting() if self.footage is not None else 0)
 
     def _run_camera(self, camera: CameraConfig) -> None:
-        source, pipeline = self._sources[camera.name], self.pipelines[camera.name]
+        source, pipeline = self.sources[camera.name], self.pipelines[camera.name]
         failures = 0
         try:
             while not self._stop.is_set():
@@ -275,7 +282,7 @@ class EdgeNode:
         """Log a stats line per camera and, with a cloud link, send them up (`final`: every camera offline)."""
         cameras: dict[str, dict] = {}
         for name, pipeline in self.pipelines.items():
-            source = self._sources[name]
+            source = self.sources[name]
             stats = source.stats
             with self._stats_lock:
                 window = pipeline.take_stats()
@@ -311,7 +318,7 @@ class EdgeNode:
         """Per camera: the last window's rates and times, counts since the start, and whether it is online."""
         metrics = {}
         for name, pipeline in self.pipelines.items():
-            stats = self._sources[name].stats
+            stats = self.sources[name].stats
             with self._stats_lock:
                 current, totals, window = pipeline.stats, self._totals[name], self._window.get(name, {})
                 metrics[name] = {

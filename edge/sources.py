@@ -458,6 +458,7 @@ class VideoSource:
         self._fps_option = fps
         self._resolution = (int(resolution[0]), int(resolution[1])) if resolution is not None else None
         self._backoff = (reconnect_initial, reconnect_max)
+        self.queue_size = queue_size
         self._queue = _FrameQueue(queue_size)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # guards the stats, the reader hand-over and the thread start

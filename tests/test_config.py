@@ -59,7 +59,8 @@ def test_cameras_inherit_the_defaults_unless_they_set_their_own(tmp_path: Path) 
 
 def test_without_defaults_cameras_get_the_built_in_settings(tmp_path: Path) -> None:
     config = load_edge_config(write(tmp_path, "cameras: [{name: gate, source: '0'}]\nmetrics_port: 9101\n"))
-    assert (config.cameras[0].pacing, config.cameras[0].fps, config.cameras[0].resolution) == ("realtime", None, None)
+    camera = config.cameras[0]
+    assert (camera.pacing, camera.fps, camera.resolution, camera.buffer_frames) == ("realtime", None, None, 8)
     assert config.metrics_port == 9101
 
 
@@ -84,6 +85,8 @@ def test_a_wrong_type_points_at_its_line(tmp_path: Path) -> None:
     assert ", line 4: defaults.fps: Input should be a valid number" in message
     message = edge_error(tmp_path, EDGE.replace("[32, 24]", "[32, 0]"))
     assert ", line 13: cameras.1.resolution.1: Input should be greater than 0" in message
+    message = edge_error(tmp_path, EDGE.replace("    fps: null\n", "    buffer_frames: 0\n"))
+    assert ", line 12: cameras.1.buffer_frames: Input should be greater than or equal to 1" in message
     message = edge_error(tmp_path, EDGE.replace("    source: gate.mp4\n", ""))
     assert ", line 7: cameras.0.source: required key is missing; add it" in message
 
@@ -123,6 +126,24 @@ def test_the_configured_resolution_is_what_frames_come_out_at(tmp_path: Path) ->
         frames = list(source)
         assert source.frame_size == (64, 48)
     assert len(frames) == 6 and all(frame.image.shape == (48, 64, 3) for frame in frames)
+
+
+def test_each_camera_queues_the_frames_its_buffer_allows(short_clip: Path, base_model: Path, tmp_path: Path) -> None:
+    from edge.config import CameraConfig, EdgeConfig, SinkConfig
+    from edge.node import EdgeNode
+
+    config = EdgeConfig(
+        base_model=base_model,
+        input_size=(128, 96),
+        cameras=[
+            CameraConfig(name="gate", source=str(short_clip), pacing="every-frame"),
+            CameraConfig(name="yard", source=str(short_clip), pacing="every-frame", buffer_frames=3),
+        ],
+        sink=SinkConfig(path=tmp_path / "out"),
+    )
+    node = EdgeNode(config)
+    node.run()  # to the end of both clips
+    assert {name: source.queue_size for name, source in node.sources.items()} == {"gate": 8, "yard": 3}
 
 
 def test_config_schema_prints_the_json_schema(capsys: pytest.CaptureFixture[str]) -> None:

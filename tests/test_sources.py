@@ -157,6 +157,19 @@ def test_realtime_drops_the_oldest_frames_when_the_consumer_lags(image_folder: C
         assert np.array_equal(frame.image, folder_image(frame.index))
 
 
+def test_realtime_rides_out_a_stall_shorter_than_its_queue(image_folder: Callable[[int], Path]) -> None:
+    """A consumer that falls three frames behind after every frame loses none from a queue of eight (the edge's
+    default `buffer_frames`), where a queue of two drops."""
+    for queue_size, drops in ((8, False), (2, True)):
+        with VideoSource(
+            str(image_folder(30 + queue_size)), pacing="realtime", fps=50.0, queue_size=queue_size
+        ) as source:
+            frames = list(read_slowly(source, behind=3))
+            stats = source.stats
+        assert (stats.frames_dropped > 0) is drops
+        assert len(frames) + stats.frames_dropped == 30 + queue_size
+
+
 def test_realtime_video_shows_drops_as_gaps(clip: Path) -> None:
     with VideoSource(str(clip), pacing="realtime", fps=400.0) as source:
         frames = list(islice(read_slowly(source, behind=5), 3))
