@@ -71,12 +71,12 @@ STATS_NEVER = 1e6  # the node's stats window never turns over during a run: the 
 @dataclass(frozen=True)
 class Variant:
     """One configuration of the edge: the base model's precision, whether the change gate is on, and the frames each
-    camera queues ahead of the base DNN (None: the edge's default, `buffer_frames`)."""
+    camera queues ahead of the base DNN (the edge's default `buffer_frames` unless a name says '@F')."""
 
     name: str
     precision: str
     gate: bool
-    buffer: int | None = None
+    buffer: int = CameraDefaults.model_fields["buffer_frames"].default
 
 
 VARIANTS = (
@@ -389,7 +389,10 @@ def run_edge(
             base_model=model,
             input_size=size,
             defaults=CameraDefaults(
-                pacing="realtime", fps=CAMERA_FPS, change_gate=GateSettings(enabled=variant.gate), **buffer(variant)
+                pacing="realtime",
+                fps=CAMERA_FPS,
+                change_gate=GateSettings(enabled=variant.gate),
+                buffer_frames=variant.buffer,
             ),
             cameras=[CameraConfig(name=name, source=str(clip)) for name, clip in zip(names, clips, strict=True)],
             filters=[path for name in names for path in bundles[name]],
@@ -707,10 +710,6 @@ def variant_named(text: str) -> Variant:
     if not frames.isdigit() or int(frames) < 1:
         raise ValueError(f"configuration {text!r}: the frames after '@' must be a whole number >= 1")
     return replace(by_name[name], name=text, buffer=int(frames))
-
-
-def buffer(variant: Variant) -> dict[str, int]:
-    return {} if variant.buffer is None else {"buffer_frames": variant.buffer}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:

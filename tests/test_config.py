@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from cloud.config import load_cloud_config
-from edge.config import load_edge_config
+from edge.config import CameraConfig, EdgeConfig, SinkConfig, load_edge_config
+from edge.node import EdgeNode
 from edge.sources import open_source
 from filterforward.cli import main
 from models.errors import FilterForwardError
@@ -129,9 +130,6 @@ def test_the_configured_resolution_is_what_frames_come_out_at(tmp_path: Path) ->
 
 
 def test_each_camera_queues_the_frames_its_buffer_allows(short_clip: Path, base_model: Path, tmp_path: Path) -> None:
-    from edge.config import CameraConfig, EdgeConfig, SinkConfig
-    from edge.node import EdgeNode
-
     config = EdgeConfig(
         base_model=base_model,
         input_size=(128, 96),
