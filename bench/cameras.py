@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
@@ -590,27 +590,33 @@ def summarise(runs: list[Run], settings: Settings) -> dict[str, dict]:
             "busy_ms_at_max": at_best.summary()["busy_ms"] if at_best else None,
             "cpu_ms_per_frame": cpu_ms,
             # the cameras the machine's cores would serve with nothing else running, from the CPU a frame costs:
-            # an upper bound (no stall may outlast the 2-frame queue), for runs on a machine others share
+            # an upper bound (no stall may outlast the camera's queue), for runs on a machine others share
             "cpu_bound_cameras": int(cpus * 1000 / (cpu_ms * CAMERA_FPS)) if cpu_ms else None,
         }
     return summary
 
 
 def print_runs(title: str, runs: list[Run]) -> None:
+    width = column_width(run.variant for run in runs)
     print(f"\n{title}")
     print(
-        f"{'config':<10} {'N':>2} {'input':>9} {'fps min':>8} {'mean':>6} {'dropped':>8} {'skipped':>8} {'sends':>6}"
-        f" {'base ms':>8} {'MC ms':>6} {'other ms':>8} {'cores':>6} {'others':>6}  real time"
+        f"{'config':<{width}} {'N':>2} {'input':>9} {'fps min':>8} {'mean':>6} {'dropped':>8} {'skipped':>8}"
+        f" {'sends':>6} {'base ms':>8} {'MC ms':>6} {'other ms':>8} {'cores':>6} {'others':>6}  real time"
     )
     for run in runs:
         s = run.summary()
         size = "x".join(map(str, run.input_size))
         print(
-            f"{run.variant:<10} {run.count:>2} {size:>9} {s['fps_min']:>8.2f} {s['fps_mean']:>6.2f} {run.dropped:>8d}"
-            f" {s['skipped_share']:>8.0%} {s['sends_per_frame']:>6.2f} {s['base_ms']:>8.1f} {s['mc_ms']:>6.2f}"
-            f" {s['other_ms']:>8.1f} {run.cores:>6.2f} {run.others:>6.2f}  {'yes' if run.realtime else 'NO'}"
-            + (f"  ({'; '.join(run.problems)})" if run.problems else "")
+            f"{run.variant:<{width}} {run.count:>2} {size:>9} {s['fps_min']:>8.2f} {s['fps_mean']:>6.2f}"
+            f" {run.dropped:>8d} {s['skipped_share']:>8.0%} {s['sends_per_frame']:>6.2f} {s['base_ms']:>8.1f}"
+            f" {s['mc_ms']:>6.2f} {s['other_ms']:>8.1f} {run.cores:>6.2f} {run.others:>6.2f}"
+            f"  {'yes' if run.realtime else 'NO'}" + (f"  ({'; '.join(run.problems)})" if run.problems else "")
         )
+
+
+def column_width(names: Iterable[str]) -> int:
+    """The config column's width: the longest name ('int8+gate@16'), at least the default names' 10."""
+    return max([10, *map(len, names)])
 
 
 def fmt(value: float | None, pattern: str) -> str:
@@ -619,15 +625,16 @@ def fmt(value: float | None, pattern: str) -> str:
 
 def print_summary(summary: dict[str, dict], settings: Settings) -> None:
     first = settings.variants[0].name
+    width = column_width(summary)
     print(f"\ncameras served in real time (0 dropped after the warm-up, every smaller N too), ratios against {first}")
     print(
-        f"{'config':<10} {'max N':>6} {'vs ' + first:>9} {'N <=1% dropped':>15} {'base ms (N=1)':>14}"
+        f"{'config':<{width}} {'max N':>6} {'vs ' + first:>9} {'N <=1% dropped':>15} {'base ms (N=1)':>14}"
         f" {'base speedup':>13} {'skipped (N=1)':>14} {'CPU ms/frame':>13} {'CPU-bound N':>12}"
     )
     for name, s in summary.items():
         capped = ">=" if s["capped"] else ""
         print(
-            f"{name:<10} {capped + str(s['max_cameras']):>6} {fmt(s['vs_first'], '.2f') + 'x':>9}"
+            f"{name:<{width}} {capped + str(s['max_cameras']):>6} {fmt(s['vs_first'], '.2f') + 'x':>9}"
             f" {s['max_cameras_1pct']:>15d} {fmt(s['base_ms_1'], '.1f'):>14}"
             f" {fmt(s['base_speedup'], '.2f') + 'x':>13} {fmt(s['skipped_share_1'], '.0%'):>14}"
             f" {fmt(s['cpu_ms_per_frame'], '.1f'):>13} {fmt(s['cpu_bound_cameras'], 'd'):>12}"
@@ -639,10 +646,10 @@ def print_summary(summary: dict[str, dict], settings: Settings) -> None:
     )
     counts = range(1, settings.max_cameras + 1)
     print("\nshare of frames dropped after the warm-up, per number of cameras")
-    print(f"{'config':<10}" + "".join(f" {'N=' + str(n):>6}" for n in counts))
+    print(f"{'config':<{width}}" + "".join(f" {'N=' + str(n):>6}" for n in counts))
     for name, s in summary.items():
         shares = s["dropped_share"]
-        print(f"{name:<10}" + "".join(f" {fmt(shares.get(n), '.1%'):>6}" for n in counts))
+        print(f"{name:<{width}}" + "".join(f" {fmt(shares.get(n), '.1%'):>6}" for n in counts))
 
 
 def hd_defaults(frame_size: tuple[int, int]) -> dict[str, object]:
