@@ -111,6 +111,8 @@ class Fragment(Base):
     __table_args__ = (
         UniqueConstraint("edge_id", "seq", name="uq_fragments_edge_seq"),
         Index("ix_fragments_stream", "edge_id", "run", "camera", "seq"),
+        # The fragment that holds a frame whose message came after it (cloud.storage).
+        Index("ix_fragments_stream_last_frame", "edge_id", "run", "camera", "last_frame"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

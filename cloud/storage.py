@@ -336,13 +336,15 @@ class Storage:
             session.add(frame)
             session.flush()
             _share_image(session, frame)
+            if not frame.has_image and header.payload == "none":
+                frame.fragment_id = self._fragment_holding(session, frame)
             session.add_all(EventFrame(event_uid=uid, frame_id=frame.id) for uid in uids)
 
         return _Write(index, path, uids, work)
 
     def _fragment(self, index: int, edge: str, header: FragmentHeader, payload: bytes) -> _Write:
-        """The fragment's file and row; the frames it holds (stored before it: the edge sends a frame's message
-        before its fragment) point at it."""
+        """The fragment's file and row; the frames it holds that are stored already (the edge sends a frame's
+        message before its fragment) point at it; one that comes later finds it (`_fragment_holding`)."""
         entries = unpack(payload).header.frames
         path = self._store.write("fragments", edge, header.camera, f"{header.run}-{header.seq}.frag", payload)
 
@@ -374,6 +376,31 @@ class Storage:
             )
 
         return _Write(index, path, [], work)
+
+    def _fragment_holding(self, session: Session, frame: StoredFrame) -> int | None:
+        """The stored fragment whose pictures include the frame's, for a frame message that arrives after its
+        fragment: one lost in a cloud crash is resent after the messages that followed it, which the edge's socket
+        still held and delivered on reconnecting. Its range narrows the search to one fragment (a stream's
+        fragments do not overlap), its header says whether the frame is in it (a clip filter's match is not)."""
+        candidate = session.scalars(
+            select(Fragment)
+            .where(
+                Fragment.edge_id == frame.edge_id,
+                Fragment.run == frame.run,
+                Fragment.camera == frame.camera,
+                Fragment.last_frame >= frame.frame_index,
+            )
+            .order_by(Fragment.last_frame)
+            .limit(1)
+        ).first()
+        if candidate is None or candidate.first_frame > frame.frame_index:
+            return None
+        try:
+            entries = unpack(self._store.open_path(candidate.path).read_bytes()).header.frames
+        except (OSError, errors.FilterForwardError) as exc:  # deleted by retention, or unreadable: no image
+            log.warning("frame %d: fragment %s cannot be read (%s)", frame.frame_index, candidate.path, exc)
+            return None
+        return candidate.id if any(entry.index == frame.frame_index for entry in entries) else None
 
     def _footage(self, index: int, edge: str, header: FootageHeader, payload: bytes) -> _Write:
         """A frame of requested footage into its dataset (or the footage's end); dropped, acknowledged, when the

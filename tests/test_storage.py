@@ -24,6 +24,7 @@ from cloud.db import (
     Edge,
     Event,
     EventFrame,
+    Fragment,
     Received,
     StoredFrame,
     as_utc,
@@ -34,7 +35,10 @@ from cloud.db import (
 from cloud.framestore import FrameStore
 from cloud.retention import ORPHAN_AGE, sweep
 from cloud.storage import EventRecord, Message, Notification, Storage
-from common.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
+from common.fragment import Fragment as StreamFragment
+from common.fragment import FragmentHeader as StreamHeader
+from common.fragment import FrameEntry, pack
+from common.protocol import EventHeader, EventInfo, FragmentHeader, FrameHeader, Hello, Stats
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 EDGE, RUN, CAMERA = "edge-1", "run-1", "cam-1"
@@ -109,6 +113,15 @@ def event(seq: int, phase: str, event_id: str = "ev-1", clip: bool = False, star
     return EventHeader(
         edge=EDGE, run=RUN, seq=seq, phase=phase, wall_time=wall, event=info, payload="mp4" if clip else "none"
     )
+
+
+def fragment(seq: int, *indices: int) -> Message:
+    """A stream-fragment message holding the pictures of the frames `indices` (stand-in access units)."""
+    entries = [FrameEntry(index=index, time=index / 10, keyframe=n == 0, size=3) for n, index in enumerate(indices)]
+    stream = StreamFragment(
+        StreamHeader(gop=0, width=64, height=48, fps="10/1", frames=entries), (b"h26",) * len(entries)
+    )
+    return Message(EDGE, FragmentHeader(edge=EDGE, run=RUN, seq=seq, camera=CAMERA, wall_time=T0), pack(stream))
 
 
 def phases(notifications: list[Notification]) -> list[tuple[str, str]]:
@@ -557,3 +570,20 @@ def test_a_frame_matched_again_shares_the_image_sent_once(
     assert by_seq[4].path == by_seq[3].path and store.open_path(by_seq[4].path).read_bytes() == b"jpeg-8"
     assert by_seq[5].path is None and by_seq[5].fragment_id is None
     assert files(store) == [f"frames/{EDGE}/{CAMERA}/{RUN}-1.jpg", f"frames/{EDGE}/{CAMERA}/{RUN}-3.jpg"]
+
+
+def test_a_frame_whose_fragment_came_first_points_at_it(storage: Storage, sessions: sessionmaker) -> None:
+    """The edge sends a frame's message before its fragment, but a frame message lost in a cloud crash is resent
+    after the messages that followed it (the edge's socket delivered those on reconnecting): its row still finds its
+    picture in the fragment; a frame within the fragment's range whose picture it does not hold (a clip filter's
+    match) gets none."""
+    storage.store_frame(EDGE, frame(1, index=10, payload="none"), b"")  # in order: the frame, then its fragment
+    assert storage.store_many([fragment(3, 10, 11, 13)]).outcomes == ["stored"]
+    storage.store_frame(EDGE, frame(2, index=11, payload="none"), b"")  # resent after its fragment
+    storage.store_frame(EDGE, frame(4, index=12, payload="none"), b"")  # in the range, not in the fragment
+    storage.store_frame(EDGE, frame(5, index=13, payload="none"), b"")  # resent too, another filter's match
+    storage.store_frame(EDGE, frame(6, index=14, payload="none"), b"")  # the next fragment's, not yet stored
+    assert storage.store_many([fragment(7, 14, 15)]).outcomes == ["stored"]
+    first, second = (f.id for f in sorted(rows(sessions, Fragment), key=lambda f: f.seq))
+    by_seq = {f.seq: f.fragment_id for f in rows(sessions, StoredFrame)}
+    assert by_seq == {1: first, 2: first, 4: None, 5: first, 6: second}
