@@ -64,7 +64,7 @@ def test_the_spec_and_the_cli_offer_exactly_the_registered_kinds() -> None:
     assert FilterSpec.model_json_schema()["properties"]["architecture"]["enum"] == list(MC_KINDS)
     arch = next(a for a in command(train, "train")._actions if a.dest == "arch")
     assert arch.choices == (train.AUTO, *MC_KINDS)
-    assert next(a for a in command(demo, "demo")._actions if a.dest == "arch").choices == tuple(MC_KINDS)
+    assert next(a for a in command(demo, "demo")._actions if a.dest == "arch").choices == arch.choices
 
 
 @pytest.mark.parametrize("name", list(MC_KINDS))

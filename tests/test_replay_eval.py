@@ -79,7 +79,12 @@ def test_eval_bad_input_is_one_line(intel_car: Path, red_filter: Path, args: lis
 def test_demo_runs_end_to_end_on_a_fresh_synthetic_clip(tmp_path: Path) -> None:
     result = filterforward("demo", "--frames", "300", "--steps", "80", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert "event F1" in result.stdout or "F1" in result.stdout
-    assert "whole stream, H.264" in result.stdout
+    # The demo trains what `filterforward train` does by default: both candidates cross-validated, one kept.
+    assert "candidate full_frame on tap mid: held-out event F1" in result.stdout
+    assert "candidate full_frame on tap late: held-out event F1" in result.stdout
+    assert "expected on new footage (cross-validation" in result.stdout
+    assert "4/4 scoring the held-out frames 180:300" in result.stdout and "whole stream, H.264" in result.stdout
+    spec = json.loads((tmp_path / "filters" / "spec.json").read_text())
+    assert spec["architecture"] == "full_frame" and spec["validation"] is not None
     assert (tmp_path / "filters" / "model.onnx").is_file()
     assert (tmp_path / "edge" / "events.jsonl").is_file()

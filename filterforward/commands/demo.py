@@ -1,8 +1,8 @@
 """`filterforward demo`: the whole product on one machine in one command.
 
-Generates a synthetic labelled clip (or takes a labelled dataset), trains a microclassifier on the first
-part, runs an edge node over the clip with it, and scores the held-out rest: event table, event F1 and
-the bandwidth saved against sending the whole stream.
+Generates a synthetic labelled clip (or takes a labelled dataset), trains the default filter (as `filterforward
+train` does; or one MC kind) on the first part, runs an edge node over the clip with it, and scores the held-out
+rest: event table, event F1 and the bandwidth saved against sending the whole stream.
 """
 
 from __future__ import annotations
@@ -12,19 +12,21 @@ import json
 import shutil
 from pathlib import Path
 
-from models.mc_kinds import MC_KINDS
+from filterforward.commands.train import add_arch_option
+from models.mc_kinds import AUTO
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="synthetic clip (or your dataset) -> train an MC -> run the edge -> event table, F1, bandwidth",
-        description="End to end on one machine: make (or take) a labelled clip, train one microclassifier on its "
-        "first part, run the edge over the clip, and report events, event F1 and bandwidth on the held-out rest.",
+        help="synthetic clip (or your dataset) -> train a filter -> run the edge -> event table, F1, bandwidth",
+        description="End to end on one machine: make (or take) a labelled clip, train a filter (the default one, as "
+        "`filterforward train` does, unless --arch says otherwise) on its first part, run the edge over the clip, and "
+        "report events, event F1 and bandwidth on the held-out rest.",
     )
     parser.add_argument("--dataset", type=Path, help="labelled dataset folder (default: generate a synthetic one)")
     parser.add_argument("--event", help="event to filter for (default: red_in_region for the synthetic clip)")
-    parser.add_argument("--arch", default="localized", choices=tuple(MC_KINDS))
+    add_arch_option(parser)
     parser.add_argument("--train-fraction", type=float, default=0.6, help="leading share of frames to train on")
     parser.add_argument("--frames", type=int, default=900, help="length of the synthetic clip")
     parser.add_argument(
@@ -41,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from edge.replay import evaluate
     from filterforward.commands.eval import format_report
     from filterforward.commands.options import parse_size
+    from filterforward.commands.train import report
     from models.datasets import open_dataset, write_synthetic
     from models.errors import FilterForwardError
+    from models.model_selection import CANDIDATES, CandidateEstimate, train_default
     from models.taps import default_input_size
     from models.training import TrainConfig, train_mc
 
@@ -59,16 +63,22 @@ def run(args: argparse.Namespace) -> int:
     input_size = parse_size(args.input_size) if args.input_size else default_input_size(dataset.frame_size)
     split = int(dataset.n_frames * args.train_fraction)
 
-    print(f"2/4 training a {args.arch} MC for {event!r} on frames 0:{split} at input {input_size[0]}x{input_size[1]}")
+    kind = "the default filter (kind chosen by cross-validation)" if args.arch == AUTO else f"a {args.arch} MC"
+    print(f"2/4 training {kind} for {event!r} on frames 0:{split} at input {input_size[0]}x{input_size[1]}")
     config = TrainConfig(
         event=event,
-        architecture=args.arch,
+        architecture=CANDIDATES[0][0] if args.arch == AUTO else args.arch,
         input_size=input_size,
         roi=dataset.roi(event),
         frames=(0, split),
         steps=args.steps,
     )
-    trained = train_mc(dataset, config, args.out / "filters")
+    candidates: list[CandidateEstimate] = []
+    if args.arch == AUTO:
+        trained, candidates = train_default(dataset, config, args.out / "filters")
+    else:
+        trained = train_mc(dataset, config, args.out / "filters")
+    print(report(trained, candidates, config.frames, config.optimizer, 1, own_threshold=args.arch == AUTO))
 
     print(f"3/4 running the edge over all {dataset.n_frames} frames of {dataset.source}")
     sink = args.out / "edge"

@@ -13,7 +13,10 @@ from models.optimizer_kinds import OPTIMIZERS
 from models.roi import MAX_CONTEXT, parse_region
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from models.datasets import LabelledDataset
+    from models.model_selection import CandidateEstimate
     from models.roi import ROI
     from models.training import TrainResult
 
@@ -35,13 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="label column to learn (default: the dataset's only event); repeat to train one MC per event, "
         "each written to OUT/<event>-<arch>, reusing the cached base-DNN features of the same tap and ROI",
     )
-    parser.add_argument(
-        "--arch",
-        choices=(AUTO, *MC_KINDS),
-        default=AUTO,
-        help="MC architecture; auto (the default) cross-validates the full-frame MC on the mid and the late tap and "
-        "keeps the better one",
-    )
+    add_arch_option(parser)
     parser.add_argument(
         "--tap",
         help=f"base-DNN tap of an explicit --arch (default: {_default_taps()})",
@@ -112,6 +109,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out", type=Path, required=True, help="bundle folder to write (with several --event: their parent)"
     )
     parser.set_defaults(func=_train)
+
+
+def add_arch_option(parser: argparse.ArgumentParser) -> None:
+    """--arch, as `train` and `demo` take it."""
+    parser.add_argument(
+        "--arch",
+        choices=(AUTO, *MC_KINDS),
+        default=AUTO,
+        help="MC architecture; auto (the default filter) cross-validates the full-frame MC on the mid and the late "
+        "tap and keeps the better one",
+    )
 
 
 def _default_taps() -> str:
@@ -189,12 +197,8 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
             # The ranks train one model together: no ensemble (its members would be trained one by one).
             config, candidates = dataclasses.replace(choice.config, ensemble=1, draws=1), choice.candidates
         result = launch(dataset, config, out, args.nproc, args.base_model)
-    for candidate in candidates:
-        estimate = candidate.validation
-        f1 = f"{estimate.event_f1:.3f} ({estimate.f1_min:.3f}-{estimate.f1_max:.3f})" if estimate else "not measurable"
-        print(f"candidate {candidate.architecture} on tap {candidate.tap}: held-out event F1 {f1}")
     own_threshold = args.arch == AUTO and args.nproc == 1  # the default filter (models.crossval.FINAL_THRESHOLD)
-    print(summary(result, frames, config.optimizer, args.nproc, own_threshold))
+    print(report(result, candidates, frames, config.optimizer, args.nproc, own_threshold))
 
 
 def _region(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> ROI:
@@ -204,6 +208,23 @@ def _region(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> R
     if not args.context.isdigit() or int(args.context) > MAX_CONTEXT:
         raise FilterForwardError(f"--context {args.context!r} is not a number of cells: give 0 to {MAX_CONTEXT}")
     return roi.with_context(int(args.context))
+
+
+def report(
+    result: TrainResult,
+    candidates: Sequence[CandidateEstimate],
+    frames: tuple[int, int],
+    optimizer: str,
+    nproc: int,
+    own_threshold: bool = False,
+) -> str:
+    """Each cross-validated candidate's estimate (the default filter's), then the summary of what was trained."""
+    lines = []
+    for candidate in candidates:
+        estimate = candidate.validation
+        f1 = f"{estimate.event_f1:.3f} ({estimate.f1_min:.3f}-{estimate.f1_max:.3f})" if estimate else "not measurable"
+        lines.append(f"candidate {candidate.architecture} on tap {candidate.tap}: held-out event F1 {f1}")
+    return "\n".join([*lines, summary(result, frames, optimizer, nproc, own_threshold)])
 
 
 def summary(
