@@ -53,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "filterforward-test/python:3.11-bookworm"
 TAG = "docker-test"
 USER = "10001:10001"
+BASE_MODEL = "/opt/filterforward/base/efficientnet_lite0.onnx"  # exported in the build stage (deploy/)
 EDGE_INPUT = (768, 448)  # input_size in deploy/compose/edge.yaml
 WAIT_S = 180.0  # bounds waits on containers (health checks run every 30 s); only a broken setup reaches it
 
@@ -275,30 +276,30 @@ def test_images_run_as_non_root_and_only_the_trainer_holds_torch(
 ) -> None:
     config = json.loads(engine.docker("image", "inspect", "--format", "{{json .Config}}", image(name)).stdout)
     assert config["User"] == USER and config["Healthcheck"]["Test"][0] == "CMD"
+    # One container of the image (under the vfs driver each copies the image's files: the trainer's take a minute).
     probe = (
-        "import importlib.util as u, json, os, sys; "
+        "import hashlib, importlib.util as u, json, os, sys; "
+        f"base = {BASE_MODEL!r}; "
         "print(json.dumps({'uid': os.getuid(), 'version': sys.version_info[:2], "
         "'modules': {m: u.find_spec(m) is not None for m in ('torch', 'onnxruntime', 'openvino', 'fastapi', 'cv2')}, "
-        "'base_model': os.path.isfile('/opt/filterforward/base/efficientnet_lite0.onnx')}))"
+        "'base_model': hashlib.sha256(open(base, 'rb').read()).hexdigest() if os.path.isfile(base) else None}))"
     )
-    seen = json.loads(engine.docker("run", "--rm", "--network", "none", image(name), "python", "-c", probe).stdout)
+    seen = probe_image(engine, name, probe)
     assert seen["uid"] == 10001 and seen["version"] == [3, 11]
     assert seen["modules"]["torch"] is (name == "trainer"), f"torch in the {name} image: {seen['modules']['torch']}"
     assert seen["modules"]["onnxruntime"] is True and seen["modules"]["cv2"] is True
     if name == "trainer":  # trains on the very base DNN file the edges run, so they accept its filters
-        assert base_model_digest(engine, "trainer") == base_model_digest(engine, "edge")
+        assert seen["base_model"] == probe_image(engine, "edge", probe)["base_model"] is not None
     elif name == "edge":
-        assert seen["modules"]["openvino"] is True and seen["base_model"] is True
+        assert seen["modules"]["openvino"] is True and seen["base_model"] is not None
     else:
         assert seen["modules"]["fastapi"] is True
     print(f"{name}: {images.sizes[name] / 2**20:.0f} MiB, built in {images.seconds[name]:.0f} s", file=sys.stderr)
 
 
-def base_model_digest(engine: DockerEngine, name: str) -> str:
-    script = "import hashlib; print(hashlib.sha256(open(BASE, 'rb').read()).hexdigest())".replace(
-        "BASE", repr("/opt/filterforward/base/efficientnet_lite0.onnx")
-    )
-    return engine.docker("run", "--rm", "--network", "none", image(name), "python", "-c", script).stdout.strip()
+def probe_image(engine: DockerEngine, name: str, script: str) -> dict[str, Any]:
+    """What a Python script prints as JSON in a container of the image, without a network."""
+    return json.loads(engine.docker("run", "--rm", "--network", "none", image(name), "python", "-c", script).stdout)
 
 
 def test_all_in_one_compose_stores_matched_frames_and_loses_none_across_an_edge_crash(
