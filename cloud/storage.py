@@ -379,9 +379,10 @@ class Storage:
 
     def _fragment_holding(self, session: Session, frame: StoredFrame) -> int | None:
         """The stored fragment whose pictures include the frame's, for a frame message that arrives after its
-        fragment: one lost in a cloud crash is resent after the messages that followed it, which the edge's socket
-        still held and delivered on reconnecting. Its range narrows the search to one fragment (a stream's
-        fragments do not overlap), its header says whether the frame is in it (a clip filter's match is not)."""
+        fragment: one lost with a crashed cloud's connection is resent when the edge's link notices the new
+        connection, by which time the messages after it may have gone out on it. Its range narrows the search to
+        one fragment (a stream's fragments do not overlap), its header says whether the frame is in it (a clip
+        filter's match is not)."""
         candidate = session.scalars(
             select(Fragment)
             .where(

@@ -574,9 +574,9 @@ def test_a_frame_matched_again_shares_the_image_sent_once(
 
 def test_a_frame_whose_fragment_came_first_points_at_it(storage: Storage, sessions: sessionmaker) -> None:
     """The edge sends a frame's message before its fragment, but a frame message lost in a cloud crash is resent
-    after the messages that followed it (the edge's socket delivered those on reconnecting): its row still finds its
-    picture in the fragment; a frame within the fragment's range whose picture it does not hold (a clip filter's
-    match) gets none."""
+    after the messages that followed it (they go out as soon as the new connection is up, the resend once the edge's
+    link has noticed it): its row still finds its picture in the fragment; a frame within the fragment's range whose
+    picture it does not hold (a clip filter's match) gets none."""
     storage.store_frame(EDGE, frame(1, index=10, payload="none"), b"")  # in order: the frame, then its fragment
     assert storage.store_many([fragment(3, 10, 11, 13)]).outcomes == ["stored"]
     storage.store_frame(EDGE, frame(2, index=11, payload="none"), b"")  # resent after its fragment
