@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 import onnxruntime as ort
@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 from common.fragment import Fragment
 from edge.mcbank import CameraState, MCBank
+from edge.mcfusion import MCWeights
 from edge.pipeline import CameraPipeline
 from edge.sink import MatchedFrame
 from edge.sources import Frame, open_source
@@ -184,6 +185,7 @@ class Settings:
     seed: int
     out: Path
     base_model: Path | None = None  # default: the fp32 EfficientNet-Lite0 export
+    mc_weights: MCWeights = "fp32"  # of the fused MC graphs' FC layers, as the edge's `mc_weights`
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -259,13 +261,13 @@ def mixed_fleet(fleets: dict[str, list[Filter]], count: int) -> list[Filter]:
     return [fleets[kinds[i % len(kinds)]][i // len(kinds)] for i in range(count)]
 
 
-def make_config(kind: str, fleet: list[Filter], base: BaseDNN, fps: float, shape: tuple[int, int]) -> Config:
-    bank = MCBank(base.taps, base.input_size)
+def make_config(kind: str, fleet: list[Filter], base: BaseDNN, fps: float, settings: Settings) -> Config:
+    bank = MCBank(base.taps, base.input_size, weights=settings.mc_weights)
     for member in fleet:
         bank.put(member.spec, member.onnx)
     sink = DiscardSink()
     pipeline = CameraPipeline(CAMERA, base, bank, sink, fps)
-    return Config(kind, len(fleet), pipeline, sink, np.zeros((*shape, 3)))
+    return Config(kind, len(fleet), pipeline, sink, np.zeros((settings.repeats, settings.frames, 3)))
 
 
 def build_configs(settings: Settings, base: BaseDNN, frames: Sequence[Frame], fps: float) -> list[Config]:
@@ -282,7 +284,7 @@ def build_configs(settings: Settings, base: BaseDNN, frames: Sequence[Frame], fp
     for group in groups:
         for count in settings.counts:
             fleet = mixed_fleet(fleets, count) if group == MIXED else fleets[group][:count]
-            configs.append(make_config(group, fleet, base, fps, (settings.repeats, settings.frames)))
+            configs.append(make_config(group, fleet, base, fps, settings))
     return configs
 
 
@@ -591,6 +593,9 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
     parser.add_argument("--threads", type=positive, default=None, help="base-DNN threads (default: ONNX Runtime's)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random MC weights")
     parser.add_argument("--base-model", type=Path, help="ONNX base model, e.g. an int8 or bf16 export (default fp32)")
+    parser.add_argument(
+        "--mc-weights", choices=get_args(MCWeights), default="fp32", help="the MC bank's FC weights (default fp32)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out", help="folder for results.json and the plot")
     parser.add_argument("--quick", action="store_true", help="smoke run: few frames, small input, counts 1,3")
     args = parser.parse_args(argv)
@@ -607,6 +612,7 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
         seed=args.seed,
         out=args.out,
         base_model=args.base_model,
+        mc_weights=args.mc_weights,
     )
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from common.configfile import ConfigPath, FolderPath, read_config, resolve
+from edge.mcfusion import MCWeights
 from edge.stream_encoder import FRAGMENT_SECONDS, KEYFRAME_INTERVAL
 from models.taps import check_input_size
 
@@ -169,6 +170,11 @@ class EdgeConfig(BaseModel):
     )
     input_size: tuple[int, int] = Field((768, 448), description="base-DNN input (width, height), multiples of 32")
     threads: int | None = Field(None, ge=1, description="threads for the base DNN (ONNX Runtime or OpenVINO)")
+    mc_weights: MCWeights = Field(
+        "fp32",
+        description="int8: the fully connected layers of the fused MC graphs keep int8 weights (localized and "
+        "windowed MCs about twice as fast, scores within ~1e-3); fp32: as trained",
+    )
     defaults: CameraDefaults = Field(
         default_factory=CameraDefaults, description="camera settings every camera inherits unless it sets its own"
     )

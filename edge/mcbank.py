@@ -23,7 +23,7 @@ from functools import partial
 import numpy as np
 import onnxruntime as ort
 
-from edge.mcfusion import FusedGraph, default_opset, fuse, push_history, window_history
+from edge.mcfusion import FusedGraph, MCWeights, default_opset, fuse, push_history, window_history
 from models.base_runtime import session_options
 from models.basednn import pixels
 from models.bundle import check_mc_model
@@ -126,10 +126,12 @@ class MCBank:
         input_size: tuple[int, int],
         workers: int | None = None,
         base_model: BaseModelId | None = None,
+        weights: MCWeights = "fp32",
     ):
         self.taps = dict(taps)
         self.input_size = input_size
         self.base_model = base_model  # filters trained on another base model are refused
+        self.weights = weights  # of the fused graphs' FC layers (edge.mcfusion); an MC that runs alone keeps fp32
         self._mcs: tuple[LoadedMC, ...] = ()
         self._lock = threading.Lock()  # serialises writers; readers just take the current snapshot
         # Sessions are single-threaded and ONNX Runtime releases the GIL, so a bank spreads its fused graphs
@@ -220,7 +222,7 @@ class MCBank:
         """The part as one fused graph; when that fails, its halves, down to the MCs that cannot be fused."""
         spec = part[0].spec
         try:
-            graph = fuse(spec.tap, tap_shape_of(spec, self.taps, self.input_size), part)
+            graph = fuse(spec.tap, tap_shape_of(spec, self.taps, self.input_size), part, self.weights)
         except Exception as exc:  # onnx and ONNX Runtime raise many unrelated types for a graph they reject
             if len(part) == 1:
                 log.warning("filter %s cannot be fused with other MCs (%s); it runs alone", spec.name, exc)

@@ -74,7 +74,9 @@ class EdgeNode:
     def __init__(self, config: EdgeConfig, sink: Sink | None = None):
         self.config = config
         self.base = BaseDNN(config.input_size, config.base_model, config.threads)
-        self.bank = MCBank(self.base.taps, self.base.input_size, base_model=self.base.identity)
+        self.bank = MCBank(
+            self.base.taps, self.base.input_size, base_model=self.base.identity, weights=config.mc_weights
+        )
         local = load_filters(self.bank, config.filters)
         cameras = [cam.name for cam in config.cameras]
         self.link: Link | None = None

@@ -90,6 +90,8 @@ def test_a_wrong_type_points_at_its_line(tmp_path: Path) -> None:
     assert ", line 12: cameras.1.buffer_frames: Input should be greater than or equal to 1" in message
     message = edge_error(tmp_path, EDGE.replace("    source: gate.mp4\n", ""))
     assert ", line 7: cameras.0.source: required key is missing; add it" in message
+    message = edge_error(tmp_path, EDGE + "mc_weights: int4\n")
+    assert ", line 14: mc_weights: Input should be 'fp32' or 'int8'" in message
 
 
 def test_load_time_checks_say_what_is_wrong(tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from edge.mcbank import CameraState, LoadedMC, MCBank
+from edge.mcfusion import FC_OPS, MCWeights, fused_model, int8_fc_weights
 from models.basednn import BaseDNN, pixels
 from models.datasets import open_dataset
 from models.filterspec import FilterSpec
@@ -93,8 +94,10 @@ class Alone:
         return float(score[0])
 
 
-def bank_with(base: BaseDNN, filters: list[tuple[FilterSpec, bytes]], workers: int = 2) -> MCBank:
-    bank = MCBank(base.taps, SIZE, workers=workers)
+def bank_with(
+    base: BaseDNN, filters: list[tuple[FilterSpec, bytes]], workers: int = 2, weights: MCWeights = "fp32"
+) -> MCBank:
+    bank = MCBank(base.taps, SIZE, workers=workers, weights=weights)
     for spec, onnx_bytes in filters:
         bank.put(spec, onnx_bytes)
     return bank
@@ -207,3 +210,31 @@ def test_a_model_that_cannot_be_fused_runs_alone(fleet, base: BaseDNN, frames, c
     scores = score_frame(bank, base, frames[0], CameraState())
     want = Alone([fleet[4], odd, fleet[5], fleet[6]], base).score(frames[0])
     assert scores == pytest.approx(want, abs=1e-5)
+
+
+def has_fc_layers(onnx_bytes: bytes) -> bool:
+    return any(node.op_type in FC_OPS for node in onnx.load_model_from_string(onnx_bytes).graph.node)
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(numpy_helper.to_array(tensor).nbytes for tensor in model.graph.initializer)
+
+
+def test_int8_weights_quarter_the_fc_bytes_and_keep_the_scores(fleet, base: BaseDNN, frames) -> None:
+    """The edge's `mc_weights: int8`: FC layers (localized, windowed, discrete heads) read int8 weights and score
+    within 5e-3 of fp32; MCs without FC layers (full-frame, the default filter) score exactly as before."""
+    fleet = [*fleet, ensemble_filter("ens-left", LEFT)]
+    with_fc = {spec.name for spec, onnx_bytes in fleet if has_fc_layers(onnx_bytes)}
+    assert {"loc-a", "win-a", "disc-a"} <= with_fc and "ff-a" not in with_fc and "ens-left" not in with_fc
+    bank = bank_with(base, fleet, weights="int8")
+    mid = [mc for mc in bank.active("cam") if mc.spec.tap == "mid"]
+    fp32 = fused_model(base.taps["mid"].shape(SIZE), mid)
+    assert weight_bytes(int8_fc_weights(fp32)) < weight_bytes(fp32) / 3
+    alone, state, moved = Alone(fleet, base), CameraState(), 0.0
+    for image in frames:
+        want, got = alone.score(image), score_frame(bank, base, image, state)
+        for name, score in got.items():
+            assert score == pytest.approx(want[name], abs=5e-3 if name in with_fc else 1e-5), name
+        moved = max(moved, *(abs(got[name] - want[name]) for name in with_fc))
+    assert moved > 1e-6  # the int8 weights were used
+    bank.close()
