@@ -34,14 +34,13 @@ from tqdm import tqdm
 
 from common.fragment import Fragment
 from edge.mcbank import CameraState, MCBank
-from edge.mcfusion import MCWeights
 from edge.pipeline import CameraPipeline
 from edge.sink import MatchedFrame
 from edge.sources import Frame, open_source
 from models.basednn import BaseDNN
 from models.errors import FilterForwardError
 from models.filterspec import Encoding, FilterSpec, Smoothing
-from models.mc_kinds import AUTO_CONTEXT
+from models.mc_kinds import AUTO_CONTEXT, MCWeights
 from models.microclassifiers import Ensemble, MicroClassifier, build_mc
 from models.model_selection import DRAWS, ENSEMBLE
 from models.roi import FULL_FRAME, ROI

@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from common.configfile import ConfigPath, FolderPath, read_config, resolve
-from edge.mcfusion import MCWeights
 from edge.stream_encoder import FRAGMENT_SECONDS, KEYFRAME_INTERVAL
+from models.mc_kinds import MCWeights
 from models.taps import check_input_size
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"

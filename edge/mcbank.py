@@ -23,12 +23,13 @@ from functools import partial
 import numpy as np
 import onnxruntime as ort
 
-from edge.mcfusion import FusedGraph, MCWeights, default_opset, fuse, push_history, window_history
+from edge.mcfusion import FusedGraph, default_opset, fuse, push_history, window_history
 from models.base_runtime import session_options
 from models.basednn import pixels
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError
 from models.filterspec import BaseModelId, FilterSpec
+from models.mc_kinds import MCWeights
 from models.taps import PIXEL_TAP, PIXELS, Tap
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -32,12 +32,12 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from models.base_runtime import session_options
 from models.bundle import FEATURES_INPUT, HISTORY_INPUT, REDUCED_OUTPUT, SCORE_OUTPUT
+from models.mc_kinds import MCWeights
 
 log = logging.getLogger(__name__)
 
 TAP_INPUT = "tap"
 DEFAULT_DOMAINS = ("", "ai.onnx")
-MCWeights = Literal["fp32", "int8"]
 FC_OPS = ("MatMul", "Gemm")
 
 

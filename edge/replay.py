@@ -28,6 +28,7 @@ from models.datasets import LabelledDataset
 from models.errors import FilterForwardError
 from models.evaluation import EventScores, bandwidth_bps, event_f1, runs
 from models.filterspec import FilterSpec
+from models.mc_kinds import MCWeights
 from models.smoother import Event
 
 log = logging.getLogger(__name__)
@@ -107,15 +108,17 @@ def replay(
     progress: bool = True,
     upload: UploadSettings | None = None,
     gate: GateSettings | None = EDGE_GATE,
+    weights: MCWeights = "fp32",
 ) -> RecordingSink:
     """Run the dataset's frames [start, stop) through a fresh edge pipeline with these filters (the change gate
-    at the edge's default settings unless `gate` says otherwise; None: the base DNN on every frame)."""
+    at the edge's default settings unless `gate` says otherwise; None: the base DNN on every frame), the MC
+    bank's FC weights as an edge with `mc_weights: weights` runs them."""
     specs = [load_bundle(path) for path in bundles]
     if not specs:
         raise FilterForwardError("no filters to evaluate: pass at least one filter bundle")
     input_size = specs[0][0].input_size
     base = BaseDNN(input_size, base_model)
-    bank = MCBank(base.taps, base.input_size, base_model=base.identity)
+    bank = MCBank(base.taps, base.input_size, base_model=base.identity, weights=weights)
     bank.put_many(specs)
     sink = RecordingSink()
     pipeline = CameraPipeline(CAMERA, base, bank, sink, dataset.fps, upload, gate)
@@ -139,10 +142,11 @@ def evaluate(
     event: str | None = None,
     base_model: Path | None = None,
     progress: bool = True,
+    weights: MCWeights = "fp32",
 ) -> ReplayReport:
     """Replay, then score each filter (event F1 per the paper) and the bandwidth of what was sent."""
     labels = {spec.name: _label_for(dataset, spec, event) for spec, _ in map(load_bundle, bundles)}
-    sink = replay(dataset, bundles, frames, base_model, progress, UploadSettings(crf=crf))
+    sink = replay(dataset, bundles, frames, base_model, progress, UploadSettings(crf=crf), weights=weights)
     start, stop = frames
     reports = []
     for name, label in labels.items():

@@ -8,6 +8,7 @@ nn.Module (a models.microclassifiers.MicroClassifier) by import path, imported o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from models.registry import Registry
 from models.taps import PIXELS
@@ -29,6 +30,9 @@ class MCKind:
         """A baseline on the resized frame itself (the `pixels` tap), which reads no base-DNN tap at all."""
         return self.default_tap == PIXELS
 
+
+# What an edge runs its MCs' fully connected layers in (edge.mcfusion): as trained, or int8 weights.
+MCWeights = Literal["fp32", "int8"]
 
 AUTO = "auto"  # in place of a kind: the one cross-validation chooses (models.model_selection)
 # Cells of context around the event's region that the default filter reads (at least); decided on the region

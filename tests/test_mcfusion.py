@@ -11,10 +11,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.mcbank import CameraState, LoadedMC, MCBank
-from edge.mcfusion import FC_OPS, MCWeights, fused_model, int8_fc_weights
+from edge.mcfusion import FC_OPS, fused_model, int8_fc_weights
 from models.basednn import BaseDNN, pixels
 from models.datasets import open_dataset
 from models.filterspec import FilterSpec
+from models.mc_kinds import MCWeights
 from models.roi import ROI
 from models.taps import EFFICIENTNET_LITE0_TAPS
 

@@ -69,11 +69,30 @@ def test_eval_command_prints_the_table_and_writes_json(intel_car: Path, red_filt
         (["--filter", "/no/such/bundle"], "/no/such/bundle"),
         (["--filter", "{red}", "--event", "purple_bus"], "no event 'purple_bus'"),
         (["--filter", "{red}", "--frames", "300:200"], "selects no frames"),
+        (["--filter", "{red}", "--mc-weights", "int4"], "invalid choice: 'int4'"),
     ],
 )
 def test_eval_bad_input_is_one_line(intel_car: Path, red_filter: Path, args: list[str], message: str) -> None:
     result = filterforward("eval", str(intel_car), *(a.format(red=red_filter) for a in args))
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_int8_fc_weights_keep_a_trained_localized_filters_f1(intel_car: Path, tmp_path: Path) -> None:
+    """`filterforward eval --mc-weights int8` replays as an edge with `mc_weights: int8` runs: a localized MC's FC
+    layers in int8 move its event F1 by at most issue 12's 0.01."""
+    dataset = open_dataset(intel_car)
+    config = TrainConfig(event="vehicle_present", architecture="localized", input_size=(384, 224), frames=TRAIN)
+    bundle = train_mc(dataset, config, tmp_path / "localized", progress=False).bundle
+    fp32 = evaluate(dataset, [bundle], HELD_OUT, progress=False).filters[0]
+    assert fp32.scores.f1 > 0.5 and fp32.matched_frames > 20  # it finds the cars: there are decisions to change
+    out = tmp_path / "int8.json"
+    frames = f"{HELD_OUT[0]}:{HELD_OUT[1]}"
+    result = filterforward("eval", str(intel_car), "--filter", str(bundle), "--frames", frames, "--mc-weights", "int8",
+                           "--json", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    int8 = json.loads(out.read_text())["filters"][0]
+    assert int8["scores"]["f1"] == pytest.approx(fp32.scores.f1, abs=0.01)
+    assert abs(int8["matched_frames"] - fp32.matched_frames) <= 2
 
 
 def test_demo_runs_end_to_end_on_a_fresh_synthetic_clip(tmp_path: Path) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from models.evaluation import BOUNDARY_TOLERANCE
+from models.mc_kinds import MCWeights
 
 if TYPE_CHECKING:
     from edge.replay import ReplayReport
@@ -43,6 +44,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--crf", type=int, default=23, help="H.264 quality of the sent stream, the clips and the whole stream"
     )
     parser.add_argument("--base-model", type=Path, help="ONNX base model (default: EfficientNet-Lite0)")
+    parser.add_argument(
+        "--mc-weights",
+        choices=get_args(MCWeights),
+        default="fp32",
+        help="the MCs' FC layers as an edge with this `mc_weights` runs them (default fp32)",
+    )
     parser.add_argument("--json", type=Path, help="also write the report as JSON here")
     parser.set_defaults(func=run)
 
@@ -54,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
     dataset = open_dataset(args.dataset)
     frames = parse_range(args.frames, dataset.n_frames)
-    report = evaluate(dataset, args.filters, frames, args.tolerance, args.crf, args.event, args.base_model)
+    report = evaluate(
+        dataset, args.filters, frames, args.tolerance, args.crf, args.event, args.base_model, weights=args.mc_weights
+    )
     print(format_report(report))
     if args.json:
         args.json.write_text(json.dumps(report.as_dict(), indent=2))
