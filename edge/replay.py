@@ -93,6 +93,7 @@ class ReplayReport:
     stream_bps: float  # the whole stream as H.264 at the same CRF and resolution
     crf: int
     skipped: int  # frames the change gate found unchanged (the base DNN did not run on them)
+    mc_weights: MCWeights  # what the MC bank's FC layers ran with
 
     def as_dict(self) -> dict:
         from dataclasses import asdict
@@ -174,6 +175,7 @@ def evaluate(
         ),
         crf=crf,
         skipped=sink.skipped,
+        mc_weights=weights,
     )
 
 

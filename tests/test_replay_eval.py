@@ -83,14 +83,18 @@ def test_int8_fc_weights_keep_a_trained_localized_filters_f1(intel_car: Path, tm
     dataset = open_dataset(intel_car)
     config = TrainConfig(event="vehicle_present", architecture="localized", input_size=(384, 224), frames=TRAIN)
     bundle = train_mc(dataset, config, tmp_path / "localized", progress=False).bundle
-    fp32 = evaluate(dataset, [bundle], HELD_OUT, progress=False).filters[0]
+    replayed = evaluate(dataset, [bundle], HELD_OUT, progress=False)
+    fp32 = replayed.filters[0]
     assert fp32.scores.f1 > 0.5 and fp32.matched_frames > 20  # it finds the cars: there are decisions to change
     out = tmp_path / "int8.json"
     frames = f"{HELD_OUT[0]}:{HELD_OUT[1]}"
     result = filterforward("eval", str(intel_car), "--filter", str(bundle), "--frames", frames, "--mc-weights", "int8",
                            "--json", str(out))  # fmt: skip
     assert result.returncode == 0, result.stderr
-    int8 = json.loads(out.read_text())["filters"][0]
+    assert "MC weights int8" in result.stdout and replayed.mc_weights == "fp32"
+    report = json.loads(out.read_text())
+    assert report["mc_weights"] == "int8"  # the flag reached the replayed bank (tests/test_mcfusion.py: it quantizes)
+    int8 = report["filters"][0]
     assert int8["scores"]["f1"] == pytest.approx(fp32.scores.f1, abs=0.01)
     assert abs(int8["matched_frames"] - fp32.matched_frames) <= 2
 

@@ -74,7 +74,7 @@ def format_report(report: ReplayReport) -> str:
     width = max(len("filter"), *(len(f.name) for f in report.filters))
     lines = [
         f"dataset {report.dataset}, frames {report.frames[0]}:{report.frames[1]}, "
-        f"boundary tolerance ±{report.tolerance} frames",
+        f"boundary tolerance ±{report.tolerance} frames, MC weights {report.mc_weights}",
         f"{'filter':<{width}} {'event':<22} {'F1':>6} {'prec':>6} {'recall':>6} {'exist':>6} {'overlap':>7} "
         f"{'events':>6} {'sent':>6}",
     ]
