@@ -42,7 +42,8 @@ from models.errors import FilterForwardError
 log = logging.getLogger("bench.compressed_allreduce")
 
 REPO = Path(__file__).resolve().parents[1]
-OPTIMIZERS = ("adam", "onebit_adam", "zeroone_adam", "onebit_lamb")
+# onebit_adam_overlap: 1-bit Adam with its overlap hook (a 1-bit allreduce per DDP bucket during backward).
+OPTIMIZERS = ("adam", "onebit_adam", "onebit_adam_overlap", "zeroone_adam", "onebit_lamb")
 TARGETS = {"step_speedup": 3.0, "bytes_ratio": 1 / 20}
 LINKS = ("loopback", "slow")
 # The emulated thin link: tbf on both ends of every rank's veth, so upload and download are each 100 Mbit/s.
@@ -278,7 +279,7 @@ def build_optimizer(name: str, params: list, lr: float = MODEL_LR):
 
     if name == "adam":
         return torch.optim.Adam(params, lr=lr)
-    if name == "onebit_adam":
+    if name in ("onebit_adam", "onebit_adam_overlap"):
         return OnebitAdam(params, lr=lr, freeze_step=1)
     if name == "zeroone_adam":
         # The default local_step_scaler keeps the synchronisation interval at 1 for a long time: the costly case.
@@ -300,7 +301,9 @@ def model_rows(plan: dict, rank: int) -> list[dict]:
         layers = [layer for i, o in pairwise(dims) for layer in (nn.Linear(i, o), nn.ReLU())]
         ddp = DistributedDataParallel(nn.Sequential(*layers[:-1]), init_sync=False)
         optimizer = build_optimizer(name, list(ddp.parameters()))
-        if name != "adam":
+        if name == "onebit_adam_overlap":
+            ddp.register_comm_hook(None, optimizer.ddp_overlap_hook)
+        elif name != "adam":
             ddp.register_comm_hook(None, optimizer.ddp_comm_hook)
         runs[name] = (ddp, optimizer)
     parameters = sum(p.numel() for p in runs["adam"][0].parameters())
@@ -535,14 +538,14 @@ def print_model(rows: list[dict], judged: bool) -> None:
         "their compression stage (0/1 Adam: local steps synchronised every step)"
     )
     print(
-        f"{'optimizer':<14}{'step s':>9}{'vs adam':>9}{'MB/step':>10}{'bytes':>8}{'tx MB':>9}{'loss':>8}{'skipped':>9}"
+        f"{'optimizer':<20}{'step s':>9}{'vs adam':>9}{'MB/step':>10}{'bytes':>8}{'tx MB':>9}{'loss':>8}{'skipped':>9}"
     )
     for row in rows:
         target = ""
         if judged and row["optimizer"] != "adam":
             target = " " + verdict(row["speedup"] >= TARGETS["step_speedup"])
         print(
-            f"{row['optimizer']:<14}{row['seconds']:>9.3f}{row['speedup']:>8.2f}x{megabytes(row['bytes']):>10}"
+            f"{row['optimizer']:<20}{row['seconds']:>9.3f}{row['speedup']:>8.2f}x{megabytes(row['bytes']):>10}"
             f"{'1/' + format(1 / row['bytes_ratio'], '.0f'):>8}"
             f"{megabytes(row['tx_bytes']):>9}{row['last_loss']:>8.3f}{row['skipped']:>9}{target}"
         )

@@ -241,6 +241,71 @@ def _ddp_differences(rank: int, world: int) -> dict[str, float]:
     return differences
 
 
+def _overlap_ddp(model: nn.Module, optimizer: OnebitAdam, buckets: list[list[int]]) -> nn.Module:
+    """model under DDP, one bucket per parameter, with 1-bit Adam's overlap hook; each call's bucket (the indices
+    of its parameters in model.parameters()) is appended to buckets."""
+    position = {id(p): index for index, p in enumerate(model.parameters())}
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1e-5)
+
+    def hook(state, bucket):  # unannotated: DDP checks annotations, and this module's are strings
+        buckets.append([position[id(p)] for p in bucket.parameters()])
+        return optimizer.ddp_overlap_hook(state, bucket)
+
+    ddp.register_comm_hook(None, hook)
+    return ddp
+
+
+def _overlapped(rank: int, world: int) -> dict:
+    """1-bit Adam with the overlap hook: its first compressed step against the dense reference fed, per bucket,
+    every rank's m/(√v̂+ε) in bucket order; parameters on every rank; a skipped non-finite step; convergence."""
+    model = _model()
+    optimizer = OnebitAdam(model.parameters(), lr=LR, freeze_step=3)
+    buckets: list[list[int]] = []
+    ddp = _overlap_ddp(model, optimizer, buckets)
+    _train(ddp, optimizer, rank, range(1, 4))
+    _backward(ddp, rank, 4)  # step 4, the first compressed one: the hooks ran, the step has not
+    params = list(model.parameters())
+    first, buckets[:] = buckets[-len(params) :], []
+    expected = [p.detach().clone() for p in params]
+    for bucket in first:
+        local = []
+        for index in bucket:
+            p, state = params[index], optimizer.state[params[index]]
+            denominator = state["exp_avg_sq"].sqrt() / math.sqrt(1 - 0.999**3) + 1e-8
+            local.append(torch.where(state["exp_avg_sq"] > 0, state["exp_avg"].lerp(p.grad, 0.1), 0.0) / denominator)
+        flat = torch.cat([m.reshape(-1) for m in local])
+        everyone = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(everyone, flat)
+        averaged = dense_reference(everyone)[0]
+        for index, direction in zip(bucket, unflatten(averaged, [params[i] for i in bucket]), strict=True):
+            direction = torch.where(optimizer.state[params[index]]["exp_avg_sq"] > 0, direction, 0.0)
+            expected[index] -= LR / (1 - 0.9**4) * direction
+    unbucketed_bytes = optimizer.comm.bytes_on_wire
+    optimizer.step()
+    difference = max((p - e).abs().max().item() for p, e in zip(params, expected, strict=True))
+
+    step_counts = []
+    for step in range(5, 10):
+        for p in params:
+            p.grad = None
+        x, y = _batch(rank, step)
+        if step == 7 and rank == 1:
+            x[0, 1] = math.inf  # every gradient of this rank non-finite, in every bucket
+        F.cross_entropy(ddp(x), y).backward()
+        optimizer.step()
+        step_counts.append(optimizer.step_count)
+    _train(ddp, optimizer, rank, range(10, CONVERGENCE_STEPS + 1))
+    return {
+        "buckets": first,
+        "difference": difference,
+        "sent_outside_the_hooks": optimizer.comm.bytes_on_wire - unbucketed_bytes,
+        "step_counts": step_counts,
+        "params": _flat(model),
+        "loss": _evaluation_loss(model),
+        "adam_loss": _adam_loss(rank, world),
+    }
+
+
 # A full-frame MC in miniature: a per-cell MLP whose logit is the max over cells, on sparse features (feature k
 # is active with probability 10^(-k/4)): the max leaves most gradient entries near zero, so the frozen
 # variance of many entries is tiny but not zero (the mask for v = 0 does not cover them).
@@ -342,6 +407,7 @@ def _two_ranks(rank: int, world: int) -> dict:
         "nonfinite": _nonfinite_steps(rank, world),
         "ddp": _ddp_differences(rank, world),
         "tiny_variance": _tiny_variance(rank, world),
+        "overlapped": _overlapped(rank, world),
     }
 
 
@@ -401,15 +467,20 @@ def _evaluation_loss(model: nn.Module) -> float:
         return F.cross_entropy(model(x), y).item()
 
 
-def _convergence(rank: int, world: int) -> dict:
-    """Final evaluation loss of Adam (DDP-style averaging) and of each compressed optimizer, same data and budget."""
+def _adam_loss(rank: int, world: int) -> float:
+    """Final evaluation loss of Adam on DDP-style averaged gradients after CONVERGENCE_STEPS."""
     model = _model()
     adam = torch.optim.Adam(model.parameters(), lr=LR)
     for step in range(1, CONVERGENCE_STEPS + 1):
         _backward(model, rank, step)
         _average_grads(model, world)
         adam.step()
-    results = {"adam": _evaluation_loss(model), "initial": _evaluation_loss(_model())}
+    return _evaluation_loss(model)
+
+
+def _convergence(rank: int, world: int) -> dict:
+    """Final evaluation loss of Adam (DDP-style averaging) and of each compressed optimizer, same data and budget."""
+    results = {"adam": _adam_loss(rank, world), "initial": _evaluation_loss(_model())}
     for name, options in CONVERGENCE_CONFIGS.items():
         model = _model()
         optimizer = _build(name, model, **options)
@@ -513,6 +584,18 @@ def test_tiny_frozen_variances_blow_up_momentum_compression_but_not_ours(two_ran
 def test_ddp_with_the_comm_hook_equals_the_optimizer_alone(two_ranks: list[dict]) -> None:
     for result in two_ranks:
         assert max(result["ddp"].values()) < 1e-6, result["ddp"]
+
+
+def test_the_overlap_hook_averages_each_bucket_in_one_bit_during_backward(two_ranks: list[dict]) -> None:
+    first, second = (result["overlapped"] for result in two_ranks)
+    assert len(first["buckets"]) == 4 and first["buckets"] == second["buckets"]  # one per parameter, same order
+    assert first["difference"] < 1e-6 and second["difference"] < 1e-6
+    # Every compressed byte went through the hooks' own allreduce.
+    assert first["sent_outside_the_hooks"] == second["sent_outside_the_hooks"] == 0
+    # Rank 1's non-finite gradients at step 7 made both ranks skip it.
+    assert first["step_counts"] == second["step_counts"] == [5, 6, 6, 7, 8]
+    assert torch.equal(first["params"], second["params"])
+    assert first["loss"] < 1.25 * first["adam_loss"], (first["loss"], first["adam_loss"])
 
 
 @pytest.mark.parametrize("case", CHECKPOINTS, ids=[f"{name}-after-{step}" for name, step in CHECKPOINTS])

@@ -263,14 +263,18 @@ class CompressedOptimizer(torch.optim.Optimizer):
                 grad.copy_(averaged)
         return all_finite(flat)
 
+    def _frozen_is_current(self, tag: str, key: object, entries: list[Entry]) -> bool:
+        """Whether _frozen(tag, key, entries) would return cached constants."""
+        cached = self._frozen_cache.get(tag)
+        return cached is not None and cached[0] == (key, len(entries))
+
     def _frozen(
         self, tag: str, key: object, entries: list[Entry], divisor: Callable[[Entry, torch.Tensor], object]
     ) -> Frozen:
         """The Frozen constants of `tag` for `key` (built with divisor(entry, out) on first use, then cached
         until the key changes): the variance they derive from does not change while the key stays."""
-        cached = self._frozen_cache.get(tag)
-        if cached is not None and cached[0] == (key, len(entries)):
-            return cached[1]
+        if self._frozen_is_current(tag, key, entries):
+            return self._frozen_cache[tag][1]
         flat = entries[0].param.new_empty(sum(e.param.numel() for e in entries), dtype=torch.float32)
         dead = []
         for entry, out in zip(entries, unflatten(flat, [e.param for e in entries]), strict=True):
@@ -288,10 +292,15 @@ class CompressedOptimizer(torch.optim.Optimizer):
         return self._scratch[:numel]
 
     def _average_preconditioned(
-        self, name: str, entries: list[Entry], frozen: Frozen, fill: Callable[[Entry, torch.Tensor], torch.Tensor]
+        self,
+        name: str,
+        entries: list[Entry],
+        frozen: Frozen,
+        fill: Callable[[Entry, torch.Tensor], torch.Tensor],
+        comm: CompressedAllreduce | None = None,
     ) -> list[torch.Tensor] | None:
         """The 1-bit average of fill(entry)/divisor per entry (0 where dead), as views shaped like the parameters
-        (valid until the next call); None when it is not finite.
+        (valid until the next call); None when it is not finite. comm: the allreduce to use (default self.comm).
 
         fill(entry, out) writes the entry's values straight into the allreduce's input buffer. A non-finite input
         on any rank makes the result non-finite on every rank (the scales carry it), so the skip is decided
@@ -304,12 +313,13 @@ class CompressedOptimizer(torch.optim.Optimizer):
         which is identical on every rank, every entry is in units of an Adam step, so the compression
         error and its feedback are too; the average is the same linear function of the inputs.
         """
+        comm = comm or self.comm
         params = [e.param for e in entries]
         numel = sum(p.numel() for p in params)
-        local = unflatten(self.comm.input_buffer(name, numel, params[0].device), params)
+        local = unflatten(comm.input_buffer(name, numel, params[0].device), params)
         for entry, out, dead in zip(entries, local, frozen.dead, strict=True):
             zero_dead(fill(entry, out), dead)
-        values, finite = self.comm.reduce(name, frozen.divisor)
+        values, finite = comm.reduce(name, frozen.divisor)
         if not finite:
             return None
         averaged = unflatten(values, params)
