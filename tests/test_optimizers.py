@@ -241,11 +241,13 @@ def _ddp_differences(rank: int, world: int) -> dict[str, float]:
     return differences
 
 
-def _overlap_ddp(model: nn.Module, optimizer: OnebitAdam, buckets: list[list[int]]) -> nn.Module:
+def _overlap_ddp(
+    model: nn.Module, optimizer: OnebitAdam, buckets: list[list[int]], find_unused_parameters: bool = False
+) -> nn.Module:
     """model under DDP, one bucket per parameter, with 1-bit Adam's overlap hook; each call's bucket (the indices
     of its parameters in model.parameters()) is appended to buckets."""
     position = {id(p): index for index, p in enumerate(model.parameters())}
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1e-5)
+    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1e-5, find_unused_parameters=find_unused_parameters)
 
     def hook(state, bucket):  # unannotated: DDP checks annotations, and this module's are strings
         buckets.append([position[id(p)] for p in bucket.parameters()])
@@ -303,7 +305,29 @@ def _overlapped(rank: int, world: int) -> dict:
         "params": _flat(model),
         "loss": _evaluation_loss(model),
         "adam_loss": _adam_loss(rank, world),
+        "with_unused": _overlapped_with_unused_parameters(rank),
     }
+
+
+class _WithUnused(nn.Module):
+    """_model() beside a layer the forward pass never uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used, self.unused = _model(), nn.Linear(FEATURES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+def _overlapped_with_unused_parameters(rank: int) -> dict:
+    """The overlap hook under find_unused_parameters, whose usage-map allreduce DDP issues from the backward
+    thread while the hook's worker communicates: (step count, flat parameters) after 12 steps."""
+    model = _WithUnused()
+    optimizer = OnebitAdam(model.parameters(), lr=LR, freeze_step=3)
+    ddp = _overlap_ddp(model, optimizer, [], find_unused_parameters=True)
+    _train(ddp, optimizer, rank, range(1, 13))
+    return {"steps": optimizer.step_count, "params": _flat(model)}
 
 
 # A full-frame MC in miniature: a per-cell MLP whose logit is the max over cells, on sparse features (feature k
@@ -596,6 +620,9 @@ def test_the_overlap_hook_averages_each_bucket_in_one_bit_during_backward(two_ra
     assert first["step_counts"] == second["step_counts"] == [5, 6, 6, 7, 8]
     assert torch.equal(first["params"], second["params"])
     assert first["loss"] < 1.25 * first["adam_loss"], (first["loss"], first["adam_loss"])
+    # DDP's own collectives beside the hook's (find_unused_parameters) neither hang nor mix up the ranks' data.
+    assert first["with_unused"]["steps"] == second["with_unused"]["steps"] == 12
+    assert torch.equal(first["with_unused"]["params"], second["with_unused"]["params"])
 
 
 @pytest.mark.parametrize("case", CHECKPOINTS, ids=[f"{name}-after-{step}" for name, step in CHECKPOINTS])
