@@ -174,6 +174,14 @@ def _warmup_differences(rank: int, world: int) -> dict[str, float]:
     return differences
 
 
+def _preconditioned_momentum(p: torch.Tensor, optimizer: OnebitAdam) -> torch.Tensor:
+    """What 1-bit Adam (freeze_step 3) compresses for p at its first compressed step: the local momentum over the
+    frozen √v̂+ε, zero where v = 0."""
+    state = optimizer.state[p]
+    denominator = state["exp_avg_sq"].sqrt() / math.sqrt(1 - 0.999**3) + 1e-8
+    return torch.where(state["exp_avg_sq"] > 0, state["exp_avg"].lerp(p.grad, 0.1), 0.0) / denominator
+
+
 def _first_compressed_step(rank: int, world: int) -> dict[str, float]:
     """OnebitAdam's first compressed step against the dense compression reference fed every rank's m/(√v̂+ε)."""
     model = _model()
@@ -183,13 +191,7 @@ def _first_compressed_step(rank: int, world: int) -> dict[str, float]:
     _backward(model, rank, 4)
     params = list(model.parameters())
     states = [optimizer.state[p] for p in params]
-    denominators = [s["exp_avg_sq"].sqrt() / math.sqrt(1 - 0.999**3) + 1e-8 for s in states]
-    local = torch.cat(
-        [
-            (torch.where(s["exp_avg_sq"] > 0, s["exp_avg"].lerp(p.grad, 0.1), 0.0) / d).reshape(-1)
-            for p, s, d in zip(params, states, denominators, strict=True)
-        ]
-    )
+    local = torch.cat([_preconditioned_momentum(p, optimizer).reshape(-1) for p in params])
     everyone = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(everyone, local)
     averaged = dense_reference(everyone)[0]
@@ -267,15 +269,10 @@ def _overlapped(rank: int, world: int) -> dict:
     _train(ddp, optimizer, rank, range(1, 4))
     _backward(ddp, rank, 4)  # step 4, the first compressed one: the hooks ran, the step has not
     params = list(model.parameters())
-    first, buckets[:] = buckets[-len(params) :], []
+    first = buckets[-len(params) :]  # the hooks of step 4
     expected = [p.detach().clone() for p in params]
     for bucket in first:
-        local = []
-        for index in bucket:
-            p, state = params[index], optimizer.state[params[index]]
-            denominator = state["exp_avg_sq"].sqrt() / math.sqrt(1 - 0.999**3) + 1e-8
-            local.append(torch.where(state["exp_avg_sq"] > 0, state["exp_avg"].lerp(p.grad, 0.1), 0.0) / denominator)
-        flat = torch.cat([m.reshape(-1) for m in local])
+        flat = torch.cat([_preconditioned_momentum(params[index], optimizer).reshape(-1) for index in bucket])
         everyone = [torch.empty_like(flat) for _ in range(world)]
         dist.all_gather(everyone, flat)
         averaged = dense_reference(everyone)[0]
