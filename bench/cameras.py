@@ -3,7 +3,7 @@
 The real `edge.node.EdgeNode` (cameras in their own threads, realtime pacing, a folder sink, no cloud) runs N
 cameras for a fixed time; each camera replays a loop of the real car clip (768x432, 12.5 fps) from its own start
 frame, so the cameras never see the same frame at once. Every camera has its own 10 filters (the default
-filter's shape: two draws of three full_frame MCs, on `mid` and `late` in turn, on five regions (with their
+filter's shape: an ensemble of three full_frame MCs, on `mid` and `late` in turn, on five regions (with their
 context cells) in turn; random weights, thresholds set so each passes about --match-share of the frames). N grows
 1, 2, 3, ... per configuration until a camera drops a frame after the warm-up; configurations run side by side
 (every N runs each configuration still in the race, in a rotating order): the fp32 base DNN, int8 (exported once,

@@ -4,7 +4,7 @@ One process, one clip, one input size. The clip is decoded once up front (decode
 and the same frames are replayed through `CameraPipeline` (base DNN -> MC bank -> smoothing -> JPEG
 -> a sink that discards) for every configuration: 1, 10 and 50 MCs of each kind (full_frame on `late`,
 localized and windowed on `mid`, a mixed fleet cycling the three, and the default filter as `filterforward train`
-ships it: two draws of three full_frame members on `mid`, one graph, over a region and its context cells), and
+ships it: an ensemble of three full_frame members on `mid`, one graph, over a region and its context cells), and
 1, 10 and 50 NoScope-style discrete classifiers on pixels. The configurations take turns of ten consecutive
 frames in a rotating order, every frame is timed several times and the median kept, so a noisy shared machine
 slows every configuration alike. See bench/README.md for the columns and the targets.
@@ -42,7 +42,7 @@ from models.errors import FilterForwardError
 from models.filterspec import Encoding, FilterSpec, Smoothing
 from models.mc_kinds import AUTO_CONTEXT, MCWeights
 from models.microclassifiers import Ensemble, MicroClassifier, build_mc
-from models.model_selection import DRAWS, ENSEMBLE
+from models.model_selection import ENSEMBLE
 from models.roi import FULL_FRAME, ROI
 from models.smoother import Event
 from models.taps import PIXEL_TAP, PIXELS, Tap, check_input_size
@@ -71,14 +71,13 @@ TARGETS = {"fps_ratio": 0.8, "marginal_ratio": 20.0, "break_even": 2}
 
 @dataclass(frozen=True)
 class Kind:
-    """A row group of the table: one classifier architecture on one tap (`draws` ensembles of `ensemble` members
-    each in one graph, regions read with `context` cells around them: the default filter)."""
+    """A row group of the table: one classifier architecture on one tap (`ensemble` members in one graph, regions
+    read with `context` cells around them: the default filter)."""
 
     name: str
     architecture: str
     tap: str
     ensemble: int = 1
-    draws: int = 1
     context: int = 0
 
     @property
@@ -90,10 +89,8 @@ class Kind:
     def model(self, channels: int, roi: ROI, tap_hw: tuple[int, int]) -> MicroClassifier:
         """A random-initialised classifier of this kind on the ROI's crop of a tap of `tap_hw` cells."""
         crop_hw, mask = roi.cell_shape(*tap_hw), roi.cell_mask(*tap_hw)
-        members = [
-            build_mc(self.architecture, channels, crop_hw, WINDOW, mask) for _ in range(self.ensemble * self.draws)
-        ]
-        return members[0] if len(members) == 1 else Ensemble(members, self.draws)
+        members = [build_mc(self.architecture, channels, crop_hw, WINDOW, mask) for _ in range(self.ensemble)]
+        return members[0] if len(members) == 1 else Ensemble(members)
 
 
 PAPER_KINDS = (
@@ -101,7 +98,7 @@ PAPER_KINDS = (
     Kind("localized", "localized", "mid"),
     Kind("windowed", "windowed", "mid"),
 )
-DEFAULT_FILTER = Kind("default", "full_frame", "mid", ENSEMBLE, DRAWS, AUTO_CONTEXT)
+DEFAULT_FILTER = Kind("default", "full_frame", "mid", ENSEMBLE, AUTO_CONTEXT)
 MC_KINDS = (*PAPER_KINDS, DEFAULT_FILTER)
 MIXED = "mixed"  # a fleet cycling the paper's kinds
 DISCRETE = Kind("discrete", "discrete", PIXELS)

@@ -268,41 +268,27 @@ class Ensemble(MicroClassifier):
     """Members of one single-frame kind trained from different seeds, combined by their median logit: one graph on
     the edge, and a seed that happens to miss a new occurrence is outvoted by the others. The median, unlike the
     mean, also outvotes a member that is confidently wrong (a logit far from the others': bench/ensemble_combine.py).
-
-    With `draws` > 1 the members are that many independently seeded ensembles in order (equal parts), and the
-    frame's logit is the lowest of their medians: every draw must find the event. Two draws each fire on their own
-    look-alikes (another car, a person beside the region); where they agree is the event (bench/draw_combination.py).
     """
 
-    def __init__(self, members: list[MicroClassifier], draws: int = 1):
+    def __init__(self, members: list[MicroClassifier]):
         super().__init__()
         kinds = {member.architecture for member in members}
         if len(kinds) != 1 or any(member.window != 1 for member in members):
             raise FilterForwardError(f"an ensemble needs members of one single-frame kind, got {sorted(kinds)}")
-        if draws < 1 or len(members) % draws:
-            raise FilterForwardError(f"{len(members)} ensemble members cannot be split into {draws} equal draws")
         self.architecture = kinds.pop()
         self.members = nn.ModuleList(members)
-        self.draws = draws
         self.mask = None  # each member masks its own input
         # Trained full-frame members run as one per-cell classifier: a layer is one GEMM for all of them.
         self.stacked = StackedCells(members) if StackedCells.fits(members) else None
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         if self.stacked is not None:
-            return self._combine(self.stacked.member_logits(features))
-        return self._combine(torch.stack([member.logits(features) for member in self.members], dim=1))
+            return median(self.stacked.member_logits(features), len(self.members), dim=1)
+        return median(torch.stack([member.logits(features) for member in self.members]), len(self.members))
 
     def cell_logits(self, features: torch.Tensor) -> torch.Tensor:
-        """The members' per-cell logits combined like their logits (full-frame members only)."""
-        return self._combine(torch.stack([member.cell_logits(features) for member in self.members], dim=1))
-
-    def _combine(self, values: torch.Tensor) -> torch.Tensor:
-        """[B, M, ...] members' values -> [B, ...]: each draw's median, the lowest of them."""
-        per_draw = len(self.members) // self.draws
-        if self.draws == 1:  # no draws to take the lowest of: nothing more in the edge's graph
-            return median(values, per_draw, dim=1)
-        return median(values.unflatten(1, (self.draws, per_draw)), per_draw, dim=2).amin(dim=1)
+        """The members' per-cell median logits (full-frame members only)."""
+        return median(torch.stack([member.cell_logits(features) for member in self.members]), len(self.members))
 
 
 class StackedCells(nn.Module):

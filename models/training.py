@@ -15,11 +15,9 @@ crop average-pooled to d percent of its cells per side (then repeated back to th
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cache, partial
@@ -124,7 +122,6 @@ def _schedule_fields(schedule: str, values: list[str]) -> dict[str, object]:
 
 MAX_ENSEMBLE = 8
 ENSEMBLE_SEED_STEP = 1000  # member i of an ensemble starts from seed + i * this
-DRAW_SEED_STEP = 100  # draw d starts from seed + d * this: apart from the members' seeds and from nearby --seeds
 
 
 @dataclass(frozen=True)
@@ -153,7 +150,6 @@ class TrainConfig:
     # MCs are tiny: one CPU thread is as fast as several and does not collapse when cores are shared.
     threads: int = 1
     ensemble: int = 1  # members (single-frame kinds) sharing `steps`, their median logit in one graph
-    draws: int = 1  # independently seeded ensembles of `ensemble` members, each with `steps`; all must fire
     # Scale augmentation of a per-cell MC: its training frames also at these multiples of input_size (a real
     # base-DNN pass each), so that it has seen its objects larger and smaller than they were. Only the edge's
     # input size is exported and scored.
@@ -278,35 +274,17 @@ def fit_mc(
     config: TrainConfig, data: TrainingData, progress: bool = True, on_step: StepHook | None = None
 ) -> tuple[MicroClassifier, list[float]]:
     """A fresh MC trained on the data's training frames; its loss per step. With `config.ensemble` > 1, that
-    many members share the steps, each from its own seed (the losses follow one another). With `config.draws` > 1,
-    that many such ensembles (seeds DRAW_SEED_STEP apart) train side by side, one per core, into one Ensemble that
-    fires where all of them do: each is single-threaded torch on its own models, so it trains exactly as it would
-    alone (the losses: draw after draw; the progress bar: the first draw's). `on_step(step, model)` runs after
-    every optimizer step (learning curves)."""
-    if config.ensemble == 1 and config.draws == 1:
+    many members share the steps, each from its own seed (the losses follow one another). `on_step(step,
+    model)` runs after every optimizer step (learning curves)."""
+    if config.ensemble == 1:
         return _fit_one(config, data, progress, on_step)
-    if config.draws == 1:
-        members, losses = _fit_members(data, on_step, config, progress)
-        return Ensemble(members), losses
-    draws = [replace(config, seed=config.seed + DRAW_SEED_STEP * draw, draws=1) for draw in range(config.draws)]
-    workers = max(1, min(config.draws, (os.cpu_count() or 1) // config.threads))
-    with torch_threads(config.threads), ThreadPoolExecutor(workers, "draw") as pool:
-        fitted = list(pool.map(partial(_fit_members, data, on_step), draws, [progress] + [False] * (config.draws - 1)))
-    members = [member for draw_members, _ in fitted for member in draw_members]
-    return Ensemble(members, config.draws), [loss for _, draw_losses in fitted for loss in draw_losses]
-
-
-def _fit_members(
-    data: TrainingData, on_step: StepHook | None, config: TrainConfig, progress: bool
-) -> tuple[list[MicroClassifier], list[float]]:
-    """One ensemble's members, trained one after another from their own seeds, and their losses in order."""
     members, losses = [], []
     for index in range(config.ensemble):
         member = replace(config, seed=config.seed + ENSEMBLE_SEED_STEP * index, steps=config.member_steps, ensemble=1)
         model, member_losses = _fit_one(member, data, progress, on_step)
         members.append(model)
         losses += member_losses
-    return members, losses
+    return Ensemble(members), losses
 
 
 def _fit_one(
@@ -437,11 +415,10 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
     check_curricula(config)
     if not 0.0 <= config.label_smoothing < 0.5:
         raise FilterForwardError(f"label smoothing must be at least 0 and below 0.5, got {config.label_smoothing}")
-    members = config.ensemble * config.draws
-    if min(config.ensemble, config.draws) < 1 or members > MAX_ENSEMBLE or (members > 1 and config.context > 1):
+    if not 1 <= config.ensemble <= MAX_ENSEMBLE or (config.ensemble > 1 and config.context > 1):
         raise FilterForwardError(
-            f"an ensemble has 1 to {MAX_ENSEMBLE} members of a single-frame kind in all its draws, got "
-            f"{config.ensemble} x {config.draws} of {config.architecture}: use fewer or another kind"
+            f"an ensemble has 1 to {MAX_ENSEMBLE} members of a single-frame kind, got {config.ensemble} of "
+            f"{config.architecture}: lower --ensemble or use another kind"
         )
     if config.scales and (not kind.cellwise or not all(0.25 <= scale <= 4.0 for scale in config.scales)):
         raise FilterForwardError(

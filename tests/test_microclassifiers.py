@@ -213,45 +213,36 @@ def test_a_mask_must_fit_the_crop() -> None:
         build_mc("full_frame", 8, (4, 5), mask=np.zeros((4, 5), bool))
 
 
-def draws_median_min(values: np.ndarray, draws: int) -> np.ndarray:
-    """[M, B, ...] members' values -> each draw's median (members in draw order), the lowest of them."""
-    return np.min([np.median(part, axis=0) for part in np.split(values, draws)], axis=0)
-
-
-@pytest.mark.parametrize(("count", "masked", "draws"), [(3, False, 1), (4, False, 1), (3, True, 1), (6, True, 2)])
-def test_an_ensemble_takes_its_members_median_logit_and_exports_as_one_graph(
-    count: int, masked: bool, draws: int
-) -> None:
+@pytest.mark.parametrize(("count", "masked"), [(3, False), (4, False), (3, True)])
+def test_an_ensemble_takes_its_members_median_logit_and_exports_as_one_graph(count: int, masked: bool) -> None:
     mask = np.tri(4, 6, 1, dtype=bool) if masked else None
     members = []
     for seed in range(1, count + 1):
         torch.manual_seed(seed)
         members.append(build_mc("full_frame", 8, (4, 6), mask=mask))
-    ensemble = Ensemble(members, draws).eval()
+    ensemble = Ensemble(members).eval()
     features = torch.randn(5, 8, 4, 6)
     with torch.no_grad():
-        expected = torch.from_numpy(draws_median_min(np.stack([m.logits(features).numpy() for m in members]), draws))
+        expected = torch.from_numpy(np.median(np.stack([m.logits(features).numpy() for m in members]), axis=0))
         assert torch.allclose(ensemble.logits(features), expected)
         assert torch.allclose(ensemble(features), torch.sigmoid(expected))
-        cells = draws_median_min(np.stack([m.cell_logits(features).numpy() for m in members]), draws)
+        cells = np.median(np.stack([m.cell_logits(features).numpy() for m in members]), axis=0)
         assert torch.allclose(ensemble.cell_logits(features), torch.from_numpy(cells))
     assert ensemble.architecture == "full_frame"
     onnx_bytes = export_mc(ensemble, (8, 4, 6))
     (score,) = ort.InferenceSession(onnx_bytes).run(["score"], {"features": features.numpy()})
     np.testing.assert_allclose(score, torch.sigmoid(expected).numpy(), atol=1e-5)
-    # The members (of every draw) run stacked: three convs for the whole ensemble, not three per member.
+    # The members run stacked: three convs for the whole ensemble, not three per member.
     assert [node.op_type for node in onnx.load_from_string(onnx_bytes).graph.node].count("Conv") == 3
     windowed = build_mc("windowed", 8, (4, 6), window=3)
     with pytest.raises(FilterForwardError, match="members of one single-frame kind"):
         Ensemble([windowed, windowed])
-    with pytest.raises(FilterForwardError, match="cannot be split into 2 equal draws"):
-        Ensemble(members[:3], 2)
 
 
 def test_an_ensemble_is_built_without_drawing_from_the_global_generator() -> None:
     # Parallel draws initialise each fold's model from its seed on torch's global generator while another thread
     # puts its trained members together: that must not draw from it, or the first model's start would depend on
-    # timing (models.training.fit_mc with draws).
+    # timing (models/model_selection.py best_draw).
     members = []
     for seed in (1, 2, 3):
         torch.manual_seed(seed)

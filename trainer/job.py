@@ -338,7 +338,7 @@ def _train(
         validation = cross_validate(data, config, partial(fit_mc, config, progress=False)) if nproc == 1 else None
         candidates = []
     if nproc > 1:  # the ranks train one model together: no ensemble (as `filterforward train --nproc`)
-        config = dataclasses.replace(config, ensemble=1, draws=1)
+        config = dataclasses.replace(config, ensemble=1)
         result = launch(dataset, config, out, nproc, base_model, progress=False)
         reporter.update("exporting", 0.5, "scoring the examples")
     else:

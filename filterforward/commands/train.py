@@ -195,7 +195,7 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
         if args.arch == AUTO:  # the kind is chosen on one process, then trained (and validated) on N
             choice = choose_kind(dataset, config, args.base_model)
             # The ranks train one model together: no ensemble (its members would be trained one by one).
-            config, candidates = dataclasses.replace(choice.config, ensemble=1, draws=1), choice.candidates
+            config, candidates = dataclasses.replace(choice.config, ensemble=1), choice.candidates
         result = launch(dataset, config, out, args.nproc, args.base_model)
     own_threshold = args.arch == AUTO and args.nproc == 1  # the default filter (models.crossval.FINAL_THRESHOLD)
     print(report(result, candidates, frames, config.optimizer, args.nproc, own_threshold))
