@@ -60,6 +60,11 @@ def _batch(rank: int, step: int, size: int = 16) -> tuple[torch.Tensor, torch.Te
 def _backward(model: nn.Module, rank: int, step: int) -> None:
     for p in model.parameters():
         p.grad = None
+    _accumulate(model, rank, step)
+
+
+def _accumulate(model: nn.Module, rank: int, step: int) -> None:
+    """Add the step's batch's gradients to the parameters' .grad."""
     x, y = _batch(rank, step)
     F.cross_entropy(model(x), y).backward()
 
@@ -295,6 +300,7 @@ def _overlapped(rank: int, world: int) -> dict:
         step_counts.append(optimizer.step_count)
     _train(ddp, optimizer, rank, range(10, CONVERGENCE_STEPS + 1))
     return {
+        "accumulation": _accumulated(ddp, optimizer, rank),
         "buckets": first,
         "difference": difference,
         "sent_outside_the_hooks": optimizer.comm.bytes_on_wire - unbucketed_bytes,
@@ -304,6 +310,22 @@ def _overlapped(rank: int, world: int) -> dict:
         "adam_loss": _adam_loss(rank, world),
         "with_unused": _overlapped_with_unused_parameters(rank),
     }
+
+
+def _accumulated(ddp: nn.Module, optimizer: OnebitAdam, rank: int) -> dict:
+    """Gradient accumulation under the overlap hook: two micro-batches (the first under no_sync()) and a step;
+    then two synchronising backward passes before a step, the second refused: (steps taken, its error)."""
+    before = optimizer.step_count
+    with ddp.no_sync():
+        _backward(ddp, rank, 1000)
+    _accumulate(ddp, rank, 1001)
+    optimizer.step()
+    _backward(ddp, rank, 1002)
+    try:
+        _accumulate(ddp, rank, 1003)
+    except Exception as error:  # DDP re-raises the hook's error as its own type
+        return {"steps": optimizer.step_count - before, "error": str(error)}
+    return {"steps": optimizer.step_count - before, "error": ""}
 
 
 class _WithUnused(nn.Module):
@@ -617,6 +639,11 @@ def test_the_overlap_hook_averages_each_bucket_in_one_bit_during_backward(two_ra
     assert first["step_counts"] == second["step_counts"] == [5, 6, 6, 7, 8]
     assert torch.equal(first["params"], second["params"])
     assert first["loss"] < 1.25 * first["adam_loss"], (first["loss"], first["adam_loss"])
+    # Accumulation under no_sync() steps; a second synchronising backward pass before step() is refused.
+    for accumulation in (first["accumulation"], second["accumulation"]):
+        assert accumulation["steps"] == 1
+        assert "was averaged twice before optimizer.step()" in accumulation["error"], accumulation["error"]
+        assert "ddp_model.no_sync()" in accumulation["error"]
     # DDP's own collectives beside the hook's (find_unused_parameters) neither hang nor mix up the ranks' data.
     assert first["with_unused"]["steps"] == second["with_unused"]["steps"] == 12
     assert torch.equal(first["with_unused"]["params"], second["with_unused"]["params"])

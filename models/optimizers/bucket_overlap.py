@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from models.compressed_allreduce import CompressedAllreduce
+from models.errors import FilterForwardError
 
 Result = TypeVar("Result")
 
@@ -36,13 +37,27 @@ class BucketOverlap(Generic[Result]):
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bucket-overlap")
         self._lock = threading.Lock()
         self._results: dict[int, tuple[int, Result]] = {}
+        self._queued: set[tuple[int, int]] = set()  # (step, bucket index) since the last take()
 
     def submit(
         self, step: int, index: int, job: Callable[[], Result], buffer: torch.Tensor
     ) -> torch.futures.Future[torch.Tensor]:
         """Queue job() for bucket `index` of step `step`; the future resolves to the bucket's (untouched)
-        gradients when the job is done, or raises what the job raised."""
+        gradients when the job is done, or raises what the job raised. A bucket queued twice for one step (a
+        second backward pass before step(), e.g. gradient accumulation outside no_sync()) raises at once: its
+        second allreduce would feed the first one's compression error into the average."""
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        with self._lock:
+            repeated = (step, index) in self._queued
+            self._queued.add((step, index))
+        if repeated:
+            future.set_exception(
+                FilterForwardError(
+                    f"bucket {index} was averaged twice before optimizer.step() {step}: run the backward passes of "
+                    "the extra micro-batches under ddp_model.no_sync() when accumulating gradients"
+                )
+            )
+            return future
 
         def run() -> None:
             try:
@@ -61,4 +76,5 @@ class BucketOverlap(Generic[Result]):
         """The results the hooks produced for step `step`, in bucket order; older ones are dropped."""
         with self._lock:
             results, self._results = self._results, {}
+            self._queued.clear()
         return [result for index, (done, result) in sorted(results.items()) if done == step]

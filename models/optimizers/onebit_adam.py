@@ -85,7 +85,7 @@ class OnebitAdam(FreezingOptimizer):
 
         The bucket's gradients stay local (DDP gets them back untouched); the next step() applies the
         averages. Under gradient accumulation, run the extra micro-batches' backward in ``ddp_model.no_sync()``:
-        every synchronising backward pass spends a compressed allreduce of its own.
+        a second synchronising backward pass before step() raises (its buckets would be compressed twice).
         """
         step = self.step_count + 1
         if self.world_size == 1 or self._needs_dense_gradients(step):
