@@ -30,7 +30,16 @@ import numpy as np
 from feature_variants import VARIANTS, Draw, train_draw
 from generalization import open_clip
 from tap_alternatives import logit, sigmoid
-from tap_rule import CASES, Case, add_case_arguments, candidate_config, candidate_name, case_clip, chosen_cases, prefer
+from tap_rule import (
+    CASES,
+    DEFAULT_RULE,
+    Case,
+    add_case_arguments,
+    candidate_config,
+    candidate_name,
+    case_clip,
+    chosen_cases,
+)
 
 from models.crossval import FINAL_THRESHOLD, summarize
 from models.datasets import LabelledDataset
@@ -40,7 +49,6 @@ from models.model_selection import CANDIDATES
 
 Combine = Callable[[np.ndarray, np.ndarray], np.ndarray]  # two logit arrays -> one
 COMBINATIONS: dict[str, Combine] = {"min": np.minimum, "mean": lambda a, b: (a + b) / 2}
-RULE = prefer(*(candidate_name(*candidate) for candidate in CANDIDATES))
 
 
 def both(first: Draw, second: Draw, combine: Combine) -> tuple[float, np.ndarray]:
@@ -61,15 +69,15 @@ def pair_outcomes(draws: dict[str, tuple[Draw, Draw]], truth: np.ndarray) -> dic
         return event_f1(truth, decisions, BOUNDARY_TOLERANCE).f1
 
     kept = {name: max(pair, key=lambda d: d.validation.validation.event_f1) for name, pair in draws.items()}
-    taken = RULE({name: draw.validation.validation.event_f1 for name, draw in kept.items()})
+    taken = DEFAULT_RULE({name: draw.validation.validation.event_f1 for name, draw in kept.items()})
     outcomes = {"select": f1(kept[taken].point.apply(kept[taken].test_scores))}
     for label, combine in COMBINATIONS.items():
         judged = {name: both(*pair, combine) for name, pair in draws.items()}
-        taken = RULE({name: estimate for name, (estimate, _) in judged.items()})
+        taken = DEFAULT_RULE({name: estimate for name, (estimate, _) in judged.items()})
         outcomes[label] = f1(judged[taken][1])
         if label == "min":
             either = {name: max(judged[name], alone(kept[name]), key=lambda option: option[0]) for name in draws}
-            taken = RULE({name: estimate for name, (estimate, _) in either.items()})
+            taken = DEFAULT_RULE({name: estimate for name, (estimate, _) in either.items()})
             outcomes["either"] = f1(either[taken][1])
     return outcomes
 

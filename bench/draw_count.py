@@ -21,14 +21,22 @@ from collections.abc import Sequence
 
 from feature_variants import VARIANTS, train_draw
 from generalization import open_clip
-from tap_rule import CASES, Case, add_case_arguments, candidate_config, candidate_name, case_clip, chosen_cases, prefer
+from tap_rule import (
+    CASES,
+    DEFAULT_RULE,
+    Case,
+    add_case_arguments,
+    candidate_config,
+    candidate_name,
+    case_clip,
+    chosen_cases,
+)
 
 from models.datasets import LabelledDataset
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
 from models.mc_kinds import AUTO_CONTEXT
 from models.model_selection import CANDIDATES
 
-RULE = prefer(*(candidate_name(*candidate) for candidate in CANDIDATES))
 COUNTS = (1, 2, 3)
 WEAK = 0.8  # an outcome below this test event F1 misses issue 9's worst-seed target
 
@@ -57,7 +65,7 @@ def kept_f1s(draws: dict[str, list[Outcome]], count: int) -> list[float]:
     found = []
     for subset in itertools.combinations(range(len(next(iter(draws.values())))), count):
         kept = {name: max((outcomes[i] for i in subset), key=lambda o: o[0]) for name, outcomes in draws.items()}
-        found.append(kept[RULE({name: outcome[0] for name, outcome in kept.items()})][1])
+        found.append(kept[DEFAULT_RULE({name: outcome[0] for name, outcome in kept.items()})][1])
     return found
 
 

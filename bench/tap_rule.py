@@ -102,6 +102,10 @@ def candidate_name(architecture: str, tap: str) -> str:
     return f"{architecture}@{tap}"
 
 
+# The tap rule models.model_selection applies: the earlier candidate unless the later beats it by more than TIE.
+DEFAULT_RULE = prefer(*(candidate_name(*candidate) for candidate in CANDIDATES))
+
+
 # Clips the benchmark does not use: all of their frames are development data.
 DEVELOPMENT_CLIPS = (Clip("tud-campus", (), train_stop=0, mot=True),)
 
@@ -209,14 +213,13 @@ def print_selection(outcomes: list[Outcome]) -> None:
     bench/draw_count.py): two ensembles (here seeds s and s+1) per candidate, the one with the better estimate kept,
     then the tap rule; test F1 against each seed alone (consecutive seed pairs of each case and size)."""
     mid, late = (candidate_name(*candidate) for candidate in CANDIDATES)
-    rule = prefer(mid, late)
     alone, selected = [], []
     for first, second in zip(outcomes[::2], outcomes[1::2], strict=False):
         if (first.case, first.size) != (second.case, second.size):
             continue
         best = {n: max((first, second), key=lambda o, n=n: o.estimates[n]) for n in (mid, late)}
-        taken = rule({n: best[n].estimates[n] for n in (mid, late)})
-        alone += [o.test_f1[rule(o.estimates)] for o in (first, second)]
+        taken = DEFAULT_RULE({n: best[n].estimates[n] for n in (mid, late)})
+        alone += [o.test_f1[DEFAULT_RULE(o.estimates)] for o in (first, second)]
         selected.append(best[taken].test_f1[taken])
         print(
             f"{first.case:<34} {first.size:<5} seeds {first.seed},{second.seed}: alone "
