@@ -158,8 +158,9 @@ def app_weights(size: tuple[int, int], count: int, seed: int, taps: tuple[str, .
     apps = []
     for j in range(count):
         kind = replace(DEFAULT_FILTER, tap=taps[j % len(taps)])
-        roi = kind.roi_boxes[j % len(kind.roi_boxes)]
         channels, height, width = EFFICIENTNET_LITE0_TAPS[kind.tap].shape(size)
+        boxes = kind.roi_boxes(size)
+        roi = boxes[j % len(boxes)]
         crop = (channels, *roi.cell_shape(height, width))
         torch.manual_seed(seed + j)
         model = kind.model(channels, roi, (height, width))

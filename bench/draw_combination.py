@@ -44,7 +44,6 @@ from tap_rule import (
 from models.crossval import FINAL_THRESHOLD, summarize
 from models.datasets import LabelledDataset
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
-from models.mc_kinds import AUTO_CONTEXT
 from models.model_selection import CANDIDATES
 
 Combine = Callable[[np.ndarray, np.ndarray], np.ndarray]  # two logit arrays -> one
@@ -94,9 +93,7 @@ def run_case(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[in
         draws = {}
         for candidate in CANDIDATES:
             pair = tuple(
-                train_draw(
-                    case, dataset, candidate_config(case, dataset, size, candidate, s, AUTO_CONTEXT), VARIANTS["as is"]
-                )
+                train_draw(case, dataset, candidate_config(case, dataset, size, candidate, s, None), VARIANTS["as is"])
                 for s in (first, second)
             )
             if any(draw.validation is None for draw in pair):

@@ -34,7 +34,6 @@ from tap_rule import (
 
 from models.datasets import LabelledDataset
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
-from models.mc_kinds import AUTO_CONTEXT
 from models.model_selection import CANDIDATES
 
 COUNTS = (1, 2, 3)
@@ -50,7 +49,7 @@ def case_draws(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[
     for candidate in CANDIDATES:
         outcomes = []
         for seed in seeds:
-            config = candidate_config(case, dataset, size, candidate, seed, AUTO_CONTEXT)
+            config = candidate_config(case, dataset, size, candidate, seed, None)
             draw = train_draw(case, dataset, config, VARIANTS["as is"])
             if draw.validation is None:
                 return {}

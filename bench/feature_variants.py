@@ -1,8 +1,8 @@
 """Development check of transforms of the tap before the default filter's MCs read it, on bench/tap_rule.py's cases
 (inside the benchmark's training prefixes, or clips it does not use: no benchmark test frame is read).
 
-For each case, size and seed, both candidates of the default filter (full_frame ensembles on `mid` and `late`, one
-cell of context) are cross-validated and trained on the training frames of each variant of the tap, and scored in
+For each case, size and seed, both candidates of the default filter (full_frame ensembles on `mid` and `late`, its
+context cells) are cross-validated and trained on the training frames of each variant of the tap, and scored in
 torch on the test frames at the operating point the default filter would ship (the held-out k-of-n at the final
 model's own threshold). Variants:
 
@@ -46,7 +46,6 @@ from models.crossval import FINAL_THRESHOLD, CrossValidation, OperatingPoint, ch
 from models.datasets import LabelledDataset
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
 from models.features import FeatureRequest, cached_features
-from models.mc_kinds import AUTO_CONTEXT
 from models.model_selection import CANDIDATES
 from models.roi import FULL_FRAME
 from models.training import TrainConfig, cross_validate, fit_mc, predict
@@ -135,7 +134,7 @@ def run_case(
         for seed in seeds:
             outcome = Outcome(f"{case.clip} {case.event}", size, seed, {}, {})
             for candidate in CANDIDATES:
-                config = candidate_config(case, dataset, size, candidate, seed, AUTO_CONTEXT)
+                config = candidate_config(case, dataset, size, candidate, seed, None)
                 label = candidate_name(*candidate)
                 outcome.estimates[label], outcome.test_f1[label] = candidate_outcome(case, dataset, config, transform)
             outcomes[name].append(outcome)

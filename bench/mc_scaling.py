@@ -40,7 +40,7 @@ from edge.sources import Frame, open_source
 from models.basednn import BaseDNN
 from models.errors import FilterForwardError
 from models.filterspec import Encoding, FilterSpec, Smoothing
-from models.mc_kinds import AUTO_CONTEXT, MCWeights
+from models.mc_kinds import MCWeights, auto_context
 from models.microclassifiers import Ensemble, MicroClassifier, build_mc
 from models.model_selection import ENSEMBLE
 from models.roi import FULL_FRAME, ROI
@@ -78,18 +78,20 @@ class Kind:
     architecture: str
     tap: str
     ensemble: int = 1
-    context: int = 0
+    context: int | None = 0  # None: the default filter's at the input size (models.mc_kinds.auto_context)
 
-    @property
-    def roi_boxes(self) -> tuple[ROI, ...]:
-        if self.context:
-            return tuple(roi.with_context(self.context) for roi in ROI_BOXES)
+    def roi_boxes(self, input_size: tuple[int, int]) -> tuple[ROI, ...]:
+        context = auto_context(input_size) if self.context is None else self.context
+        if context:
+            return tuple(roi.with_context(context) for roi in ROI_BOXES)
         return (FULL_FRAME,) if self.architecture == "full_frame" else ROI_BOXES
 
     def model(self, channels: int, roi: ROI, tap_hw: tuple[int, int]) -> MicroClassifier:
         """A random-initialised classifier of this kind on the ROI's crop of a tap of `tap_hw` cells."""
         crop_hw, mask = roi.cell_shape(*tap_hw), roi.cell_mask(*tap_hw)
-        members = [build_mc(self.architecture, channels, crop_hw, WINDOW, mask) for _ in range(self.ensemble)]
+        members = [
+            build_mc(self.architecture, channels, crop_hw, WINDOW, mask, roi.context) for _ in range(self.ensemble)
+        ]
         return members[0] if len(members) == 1 else Ensemble(members)
 
 
@@ -98,7 +100,7 @@ PAPER_KINDS = (
     Kind("localized", "localized", "mid"),
     Kind("windowed", "windowed", "mid"),
 )
-DEFAULT_FILTER = Kind("default", "full_frame", "mid", ENSEMBLE, AUTO_CONTEXT)
+DEFAULT_FILTER = Kind("default", "full_frame", "mid", ENSEMBLE, context=None)
 MC_KINDS = (*PAPER_KINDS, DEFAULT_FILTER)
 MIXED = "mixed"  # a fleet cycling the paper's kinds
 DISCRETE = Kind("discrete", "discrete", PIXELS)
@@ -215,9 +217,9 @@ def build_fleet(kind: Kind, count: int, base: BaseDNN, seed: int) -> list[Filter
     from models.mc_export import export_mc
 
     channels, height, width = tap_of(kind, base).shape(base.input_size)
-    fleet = []
+    fleet, boxes = [], kind.roi_boxes(base.input_size)
     for i in range(count):
-        roi = kind.roi_boxes[i % len(kind.roi_boxes)]
+        roi = boxes[i % len(boxes)]
         crop = (channels, *roi.cell_shape(height, width))
         torch.manual_seed(seed + i)
         model = kind.model(channels, roi, (height, width))
@@ -284,17 +286,17 @@ def build_configs(settings: Settings, base: BaseDNN, frames: Sequence[Frame], fp
     return configs
 
 
-def classifier_macs(kind: Kind, tap_shape: tuple[int, int, int]) -> float:
+def classifier_macs(kind: Kind, tap: Tap, input_size: tuple[int, int]) -> float:
     """Multiply-accumulates of one classifier of this kind, averaged over the ROI boxes it cycles through."""
     from models.microclassifiers import count_macs
 
-    channels, height, width = tap_shape
-    total = 0
-    for roi in kind.roi_boxes:
+    channels, height, width = tap.shape(input_size)
+    total, boxes = 0, kind.roi_boxes(input_size)
+    for roi in boxes:
         crop = (channels, *roi.cell_shape(height, width))
         model = kind.model(channels, roi, (height, width))
         total += count_macs(model, model.example_inputs(crop))
-    return total / len(kind.roi_boxes)
+    return total / len(boxes)
 
 
 def base_macs(input_size: tuple[int, int], tap: str) -> int:
@@ -316,9 +318,9 @@ def compute_floor(base: BaseDNN) -> dict[str, dict]:
 
     The base is counted up to the deepest tap the kind reads; MC ratios and break-even follow from MACs alone.
     """
-    mmacs = {kind.name: classifier_macs(kind, tap_of(kind, base).shape(base.input_size)) / 1e6 for kind in MC_KINDS}
+    mmacs = {kind.name: classifier_macs(kind, tap_of(kind, base), base.input_size) / 1e6 for kind in MC_KINDS}
     mmacs[MIXED] = statistics.mean(mmacs[kind.name] for kind in PAPER_KINDS)
-    discrete = classifier_macs(DISCRETE, PIXEL_TAP.shape(base.input_size)) / 1e6
+    discrete = classifier_macs(DISCRETE, PIXEL_TAP, base.input_size) / 1e6
     deepest = {kind.name: kind.tap for kind in MC_KINDS}
     deepest[MIXED] = max((kind.tap for kind in PAPER_KINDS), key=lambda tap: base.taps[tap].stride)
     floor: dict[str, dict] = {DISCRETE.name: {"mmacs": discrete}}

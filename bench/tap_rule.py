@@ -33,7 +33,7 @@ from models.bundle import load_bundle
 from models.crossval import FINAL_THRESHOLD
 from models.datasets import LabelledDataset
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
-from models.model_selection import CANDIDATES, ENSEMBLE, TIE
+from models.model_selection import CANDIDATES, ENSEMBLE, TIE, default_roi
 from models.training import TrainConfig, train_mc
 
 log = logging.getLogger("bench.tap_rule")
@@ -117,21 +117,29 @@ def case_clip(case: Case) -> Clip:
 
 
 def candidate_config(
-    case: Case, dataset: LabelledDataset, size: str, candidate: tuple[str, str], seed: int, context: int, **options
+    case: Case,
+    dataset: LabelledDataset,
+    size: str,
+    candidate: tuple[str, str],
+    seed: int,
+    context: int | None,
+    **options,
 ) -> TrainConfig:
-    """The training settings of one of the default filter's candidates (architecture, tap) on the case's prefix."""
+    """The training settings of one of the default filter's candidates (architecture, tap) on the case's prefix;
+    `context` None: the context the default filter reads at the size."""
     architecture, tap = candidate
-    return TrainConfig(
+    config = TrainConfig(
         event=case.event,
         architecture=architecture,
         tap=tap,
         input_size=input_size(dataset, size),
-        roi=dataset.roi(case.event).with_context(context),
+        roi=dataset.roi(case.event).with_context(context or 0),
         frames=(0, case.train_stop),
         seed=seed,
         ensemble=ENSEMBLE,
         **options,
     )
+    return config if context is not None else dataclasses.replace(config, roi=default_roi(config))
 
 
 def run_case(

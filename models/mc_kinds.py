@@ -7,10 +7,12 @@ nn.Module (a models.microclassifiers.MicroClassifier) by import path, imported o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 from models.registry import Registry
+from models.roi import MAX_CONTEXT
 from models.taps import PIXELS
 
 
@@ -35,9 +37,20 @@ class MCKind:
 MCWeights = Literal["fp32", "int8"]
 
 AUTO = "auto"  # in place of a kind: the one cross-validation chooses (models.model_selection)
-# Cells of context around the event's region that the default filter reads (at least); decided on the region
-# cases of bench/tap_rule.py (bench README).
-AUTO_CONTEXT = 1
+# The default filter reads cells around the event's region, and its full-frame MCs compare a cell with its
+# neighbours as far (models.microclassifiers.FullFrame): one cell per this input size's scale, at least one, so that
+# the neighbourhood grows with the objects, which span more cells at larger input sizes. One cell at 384x224 and
+# 320x256, two at 768x448 and 640x480: decided on the region cases of bench/tap_rule.py (bench README, the peak
+# neighbourhood).
+AUTO_CONTEXT_SCALE = (384, 224)
+
+
+def auto_context(input_size: tuple[int, int]) -> int:
+    """Context cells of the default filter at a base-DNN input size (width, height)."""
+    scale = math.sqrt(input_size[0] * input_size[1] / (AUTO_CONTEXT_SCALE[0] * AUTO_CONTEXT_SCALE[1]))
+    return min(MAX_CONTEXT, max(1, round(scale)))
+
+
 MC_KINDS: Registry[MCKind] = Registry(
     "MC architecture",
     [

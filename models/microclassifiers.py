@@ -54,6 +54,10 @@ class MicroClassifier(nn.Module):
         """Keep the region mask (bool [h, w] over the crop) as a constant of the graph; None: every cell counts."""
         self.register_buffer("mask", None if mask is None or mask.all() else torch.from_numpy(np.asarray(mask, bool)))
 
+    def set_context(self, cells: int) -> None:
+        """The crop reaches `cells` cells past the region on every side (models.roi.ROI.context). Most kinds
+        just read those cells; a full-frame MC also compares each cell with its neighbours that far."""
+
     def masked(self, features: torch.Tensor) -> torch.Tensor:
         """Features with the cells outside the region set to zero."""
         return features if self.mask is None else features * self.mask.to(features.dtype)
@@ -119,11 +123,12 @@ class FullFrame(MicroClassifier):
     """A tiny classifier at every cell (1x1 convs 32, 32, 1), max over the cells: "is the object anywhere (in the
     region)?". It has no notion of position, so it finds the event wherever in the region it happens next.
 
-    A cell counts by its peak logit, 2 * logit - (the largest logit of its 3x3 neighbourhood): its own logit where
-    it is a local maximum, lower by how much a neighbour beats it elsewhere. An object counts for the region where
-    its response peaks, so one beside the region, whose response spills over the region's edge cells, does not
-    (with context cells around the region to peak in, models/roi.py). Without a mask the largest peak logit is
-    the largest logit, so a full-frame region scores exactly the plain max.
+    A cell counts by its peak logit, 2 * logit - (the largest logit of its neighbourhood, `peak_radius` cells each
+    way: as many as the crop's context cells, at least one): its own logit where it is a local maximum, lower by how
+    much a neighbour beats it elsewhere. An object counts for the region where its response peaks, so one beside
+    the region, whose response spills over the region's edge cells, does not (with context cells around the region
+    to peak in, models/roi.py). Without a mask the largest peak logit is the largest logit, so a full-frame region
+    scores exactly the plain max.
     """
 
     architecture = "full_frame"
@@ -138,15 +143,19 @@ class FullFrame(MicroClassifier):
             nn.Conv2d(hidden[1], 1, 1),
         )
         self.set_mask(mask)
+        self.peak_radius = 1
 
     @classmethod
     def for_crop(cls, channels: int, crop_hw: tuple[int, int], window: int, mask: np.ndarray | None) -> Self:
         return cls(channels, mask)  # one classifier per cell: the crop's size does not shape it
 
+    def set_context(self, cells: int) -> None:
+        self.peak_radius = max(1, cells)
+
     def cell_logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         """[B, h*w] logits per cell, cells outside the region far below any real logit. `valid` (bool [B, h, w]):
         the region's cells of crops of another size than the MC's own (training on other input sizes)."""
-        return region_peaks(self.cells(features), self.mask if valid is None else valid).flatten(1)
+        return region_peaks(self.cells(features), self.mask if valid is None else valid, self.peak_radius).flatten(1)
 
     def logits(self, features: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
@@ -160,9 +169,10 @@ class FullFrame(MicroClassifier):
         mask = self.mask if valid is None else valid
         with torch.no_grad():
             logits = self.cells(features)
-            winners = region_peaks(logits, mask).flatten(1).argmax(dim=1)
+            winners = region_peaks(logits, mask, self.peak_radius).flatten(1).argmax(dim=1)
             if mask is not None:  # the neighbour each winner is compared with (itself where it is the peak)
-                _, strongest = F.max_pool2d(logits, 3, 1, 1, return_indices=True)
+                radius = self.peak_radius
+                _, strongest = F.max_pool2d(logits, 2 * radius + 1, 1, radius, return_indices=True)
                 rivals = strongest.flatten(1).gather(1, winners[:, None])[:, 0]
         samples = torch.arange(features.shape[0], device=features.device)
         cells = features.flatten(2)
@@ -313,11 +323,14 @@ class StackedCells(nn.Module):
             if depth < len(layers[0]) - 1:  # a ReLU after every conv but the last, as in FullFrame
                 self.cells.append(nn.ReLU(inplace=True))
         self.register_buffer("mask", members[0].mask)
+        self.peak_radius = members[0].peak_radius
 
     @staticmethod
     def fits(members: list[MicroClassifier]) -> bool:
-        """Full-frame members of one shape and one mask (an ensemble trained on one crop)."""
+        """Full-frame members of one shape, mask and peak radius (an ensemble trained on one crop)."""
         if not all(isinstance(member, FullFrame) for member in members):
+            return False
+        if len({member.peak_radius for member in members}) != 1:
             return False
         shapes = {tuple(p.shape for p in member.cells.parameters()) for member in members}
         masks = [member.mask for member in members]
@@ -326,16 +339,16 @@ class StackedCells(nn.Module):
 
     def member_logits(self, features: torch.Tensor) -> torch.Tensor:
         """[B, M]: each member's max over the region's cells of its peak logits (FullFrame)."""
-        return region_peaks(self.cells(features), self.mask).flatten(2).amax(dim=2)
+        return region_peaks(self.cells(features), self.mask, self.peak_radius).flatten(2).amax(dim=2)
 
 
-def region_peaks(logits: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def region_peaks(logits: torch.Tensor, mask: torch.Tensor | None, radius: int = 1) -> torch.Tensor:
     """[B, M, h, w] per-cell logits -> what each cell counts for in the region: its peak logit (2 * logit - the
-    largest logit of its 3x3 neighbourhood), far below any real logit outside `mask` ([h, w], or [B, h, w] per
-    sample). Without a mask, the logits as they are: their max is the largest peak logit, at no cost."""
+    largest logit within `radius` cells each way), far below any real logit outside `mask` ([h, w], or [B, h, w]
+    per sample). Without a mask, the logits as they are: their max is the largest peak logit, at no cost."""
     if mask is None:
         return logits
-    peaks = 2 * logits - F.max_pool2d(logits, 3, 1, 1)
+    peaks = 2 * logits - F.max_pool2d(logits, 2 * radius + 1, 1, radius)
     return peaks.masked_fill(~(mask[:, None] if mask.dim() == 3 else mask), OUTSIDE_LOGIT)
 
 
@@ -348,16 +361,24 @@ def median(values: torch.Tensor, count: int, dim: int = 0) -> torch.Tensor:
 
 
 def build_mc(
-    architecture: str, channels: int, crop_hw: tuple[int, int], window: int = 5, mask: np.ndarray | None = None
+    architecture: str,
+    channels: int,
+    crop_hw: tuple[int, int],
+    window: int = 5,
+    mask: np.ndarray | None = None,
+    context: int = 0,
 ) -> MicroClassifier:
-    """A fresh (untrained) MC for a crop of `channels` x `crop_hw` cells; `mask` (bool, crop_hw): the region's cells."""
+    """A fresh (untrained) MC for a crop of `channels` x `crop_hw` cells; `mask` (bool, crop_hw): the region's cells;
+    `context`: the crop's cells past the region on every side."""
     height, width = crop_hw
     if height < 1 or width < 1 or channels < 1:
         raise FilterForwardError(f"MC input must have at least one channel and cell, got {channels}x{height}x{width}")
     if mask is not None and (mask.shape != tuple(crop_hw) or not mask.any()):
         raise FilterForwardError(f"a region mask must be {height}x{width} with a cell inside, got {mask.shape}")
     mc_class: type[MicroClassifier] = pkgutil.resolve_name(MC_KINDS.lookup(architecture).model)
-    return mc_class.for_crop(channels, crop_hw, window, mask)
+    model = mc_class.for_crop(channels, crop_hw, window, mask)
+    model.set_context(context)
+    return model
 
 
 def count_macs(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:

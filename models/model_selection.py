@@ -10,11 +10,12 @@ All candidates' features come from one base-DNN pass; each candidate is cross-va
 DRAWS seeds, keeping its best, and the candidate with the best held-out event F1 is trained on every training
 frame from that seed. Near ties go to the earlier candidate. Every candidate is an ensemble of ENSEMBLE seeds
 (models.microclassifiers.Ensemble) and reads cells around the event's region, so that an object beside the
-region, whose response peaks outside it, does not count (models/microclassifiers.py FullFrame): AUTO_CONTEXT
-cells, or the region's own if it has more. The trained filter keeps the held-out k-of-n at its own threshold
-(models.crossval.FINAL_THRESHOLD), and every estimate that chooses a draw or a candidate is measured at that
-operating point: a draw whose fold models find the held-out occurrences only below it would ship a filter that
-misses them (bench README, the selection criterion).
+region, whose response peaks outside it, does not count (models/microclassifiers.py FullFrame): as many cells
+as models.mc_kinds.auto_context gives at the input size, or the region's own if it has
+more. The trained filter keeps the held-out k-of-n at its own threshold (models.crossval.FINAL_THRESHOLD), and
+every estimate that chooses a draw or a candidate is measured at that operating point: a draw whose fold models
+find the held-out occurrences only below it would ship a filter that misses them (bench README, the selection
+criterion).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from models.crossval import FINAL_THRESHOLD, CrossValidation, FoldPlan
 from models.datasets.labelled import LabelledDataset
 from models.features import FeatureRequest, cached_features
 from models.filterspec import Validation
-from models.mc_kinds import AUTO_CONTEXT
+from models.mc_kinds import auto_context
+from models.roi import ROI
 from models.training import (
     TrainConfig,
     TrainingData,
@@ -82,7 +84,7 @@ def choose_kind(
     dataset: LabelledDataset, config: TrainConfig, model_path: Path | None = None, progress: bool = True
 ) -> Choice:
     """Cross-validate each candidate kind (config's architecture and tap are ignored) and pick the best."""
-    roi = config.roi.with_context(max(config.roi.context, AUTO_CONTEXT))
+    roi = default_roi(config)
     configs = [
         dataclasses.replace(config, architecture=arch, tap=tap, ensemble=ENSEMBLE, roi=roi) for arch, tap in CANDIDATES
     ]
@@ -108,6 +110,11 @@ def choose_kind(
             best = (score, candidate, data, validation)
     _, chosen, data, validation = best
     return Choice(chosen, estimates, data, validation)
+
+
+def default_roi(config: TrainConfig) -> ROI:
+    """The event's region with the default filter's context at the input size (the region's own if it has more)."""
+    return config.roi.with_context(max(config.roi.context, auto_context(tuple(config.input_size))))
 
 
 def best_draw(data: TrainingData, candidate: TrainConfig) -> tuple[TrainConfig, CrossValidation | None]:

@@ -23,8 +23,10 @@ REGION_HINT = f"give a box x0,y0,x1,y1 in 0..1 (e.g. 0.5,0,1,1) or a polygon: {P
 MAX_POLYGON_POINTS = 64
 # Sample points per cell side when deciding which cells a polygon covers.
 _SAMPLES = 4
-# Cells of context around a region, at most: a full-frame MC compares a cell with its 3x3 neighbourhood only.
-MAX_CONTEXT = 1
+# Cells of context around a region, at most: a full-frame MC compares a cell with its neighbours as far as its
+# context reaches (models.microclassifiers.FullFrame), and the default filter's context grows with the tap's width
+# (models.mc_kinds.auto_context): 4 from 1344x784 up.
+MAX_CONTEXT = 4
 
 
 def polygon_errors(points: tuple[Point, ...]) -> str | None:

@@ -343,7 +343,8 @@ def new_model(config: TrainConfig, data: TrainingData) -> MicroClassifier:
     """A fresh MC for the data's crops, initialised from the config's seed (the same on every rank)."""
     with _INIT_LOCK:  # torch's global generator: MCs trained in parallel threads are initialised one at a time
         torch.manual_seed(config.seed)
-        model = build_mc(config.architecture, data.crop_chw[0], data.crop_chw[1:], config.window, data.mask)
+        crop = data.crop_chw
+        model = build_mc(config.architecture, crop[0], crop[1:], config.window, data.mask, config.roi.context)
     return model.to(config.device)
 
 

@@ -13,7 +13,7 @@ from torch import nn
 from models.efficientnet_lite import EfficientNetLite0
 from models.errors import FilterForwardError
 from models.mc_export import export_mc, verify_export
-from models.mc_kinds import MC_KINDS
+from models.mc_kinds import MC_KINDS, auto_context
 from models.microclassifiers import Ensemble, build_mc, count_macs
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP
 
@@ -164,12 +164,13 @@ def test_masked_mcs_ignore_cells_outside_the_region_also_in_onnx(architecture: s
     assert verify_export(model, export_mc(model, crop), crop, batch=4) <= 1e-5
 
 
-def test_full_frame_training_path_equals_the_max_with_its_gradient() -> None:
+@pytest.mark.parametrize("context", [0, 2])
+def test_full_frame_training_path_equals_the_max_with_its_gradient(context: int) -> None:
     """Training ranks the cells without autograd and back-propagates only through each sample's best cell:
-    the same logits and the same gradients as the plain max over the (masked) cells."""
+    the same logits and the same gradients as the plain max over the (masked) cells, whatever the neighbourhood."""
     crop = CROPS["full_frame"]
     features = torch.randn(6, *crop)
-    model = build_mc("full_frame", crop[0], crop[1:], mask=_triangle_mask(*crop[1:]))
+    model = build_mc("full_frame", crop[0], crop[1:], mask=_triangle_mask(*crop[1:]), context=context)
     fast = model.train().logits(features)
     fast.sum().backward()
     fast_grads = [p.grad.clone() for p in model.parameters()]
@@ -181,9 +182,9 @@ def test_full_frame_training_path_equals_the_max_with_its_gradient() -> None:
         assert torch.allclose(a, b, atol=1e-6)
 
 
-def _blob_detector() -> nn.Module:
+def _blob_detector(context: int = 0) -> nn.Module:
     """A one-channel full-frame MC whose logit at a cell is that cell's feature value (for non-negative features)."""
-    model = build_mc("full_frame", 1, (3, 6), mask=np.tile(np.arange(6) < 3, (3, 1)))  # the left half counts
+    model = build_mc("full_frame", 1, (3, 6), mask=np.tile(np.arange(6) < 3, (3, 1)), context=context)  # left half
     with torch.no_grad():
         for conv in (m for m in model.cells if isinstance(m, nn.Conv2d)):
             conv.weight.zero_()
@@ -206,6 +207,31 @@ def test_an_object_counts_for_the_region_where_its_response_peaks() -> None:
         assert model.logits(beside)[0] == 9.0
 
 
+def test_with_more_context_an_object_two_cells_beside_the_region_does_not_count() -> None:
+    """An object whose response peaks two cells outside the region, with a lesser maximum on the region's edge cell
+    (a body reaching into the region): a cell compared with its direct neighbours only counts that lesser maximum;
+    compared with the neighbours as far as the context reaches (two cells), it counts by how far the object's peak
+    beats it. The same object inside the region counts fully, and the exported graph scores the same."""
+    response = torch.zeros(1, 1, 3, 6)
+    response[0, 0, 1, 2:6] = torch.tensor([5.0, 4.0, 9.0, 8.0])  # the object's peak at column 4, two cells outside
+    with torch.no_grad():
+        assert _blob_detector(context=1).logits(response)[0] == 5.0  # the edge cell is a local maximum
+        wide = _blob_detector(context=2)
+        assert wide.logits(response)[0] == 2 * 5.0 - 9.0
+        inside = torch.roll(response, -2, dims=3)  # peak at column 2, the region's last column
+        assert wide.logits(inside)[0] == 9.0
+    assert verify_export(wide, export_mc(wide, (1, 3, 6)), (1, 3, 6), batch=2) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("input_size", "cells"),
+    [((320, 256), 1), ((384, 224), 1), ((640, 480), 2), ((768, 448), 2), ((1152, 672), 3), ((1920, 1088), 4)],
+)
+def test_the_default_filter_s_context_grows_with_the_input_size(input_size: tuple[int, int], cells: int) -> None:
+    """Objects span more cells at larger input sizes; at most models.roi.MAX_CONTEXT (4)."""
+    assert auto_context(input_size) == cells
+
+
 def test_a_mask_must_fit_the_crop() -> None:
     with pytest.raises(FilterForwardError, match="region mask must be 4x5"):
         build_mc("full_frame", 8, (4, 5), mask=np.ones((5, 4), bool))
@@ -213,13 +239,15 @@ def test_a_mask_must_fit_the_crop() -> None:
         build_mc("full_frame", 8, (4, 5), mask=np.zeros((4, 5), bool))
 
 
-@pytest.mark.parametrize(("count", "masked"), [(3, False), (4, False), (3, True)])
-def test_an_ensemble_takes_its_members_median_logit_and_exports_as_one_graph(count: int, masked: bool) -> None:
+@pytest.mark.parametrize(("count", "masked", "context"), [(3, False, 0), (4, False, 0), (3, True, 0), (3, True, 2)])
+def test_an_ensemble_takes_its_members_median_logit_and_exports_as_one_graph(
+    count: int, masked: bool, context: int
+) -> None:
     mask = np.tri(4, 6, 1, dtype=bool) if masked else None
     members = []
     for seed in range(1, count + 1):
         torch.manual_seed(seed)
-        members.append(build_mc("full_frame", 8, (4, 6), mask=mask))
+        members.append(build_mc("full_frame", 8, (4, 6), mask=mask, context=context))
     ensemble = Ensemble(members).eval()
     features = torch.randn(5, 8, 4, 6)
     with torch.no_grad():

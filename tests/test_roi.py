@@ -54,8 +54,9 @@ def test_context_widens_the_crop_within_the_frame_and_never_counts() -> None:
     assert ROI(context=1).cells(4, 10) == (slice(0, 4), slice(0, 10))
     assert strip.describe().endswith("(+1 cell of context)")
     assert ROI(context=1).describe() == "full frame"
-    with pytest.raises(ValidationError, match="less than or equal to 1"):
-        ROI(context=2)
+    assert ROI(x0=0.5, y0=0, x1=0.75, y1=0.5, context=2).cells(8, 10) == (slice(0, 6), slice(3, 10))
+    with pytest.raises(ValidationError, match="less than or equal to 4"):
+        ROI(context=5)
 
 
 def test_a_polygon_masks_the_cells_more_than_half_inside() -> None:

@@ -28,7 +28,7 @@ from models.datasets.synth import write_synthetic
 from models.errors import FilterForwardError
 from models.evaluation import event_f1
 from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
-from models.mc_kinds import AUTO_CONTEXT
+from models.mc_kinds import auto_context
 from models.microclassifiers import Ensemble, build_mc
 from models.model_selection import DRAW_SEED_STEP, DRAWS, ENSEMBLE, best_draw
 from models.roi import ROI
@@ -253,7 +253,7 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     expected = "training scales 1.5 need a full_frame MC and factors from 0.25 to 4, not localized"
     assert expected in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--context", "9"]) == 2
-    assert "--context '9' is not a number of cells: give 0 to 1" in capsys.readouterr().err
+    assert "--context '9' is not a number of cells: give 0 to 4" in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--arch", "localized", "--context", "1"]) == 2
     expected = "a region's context cells are for a full_frame MC, not localized: drop --context or change the kind"
     assert expected in capsys.readouterr().err
@@ -342,7 +342,7 @@ def test_default_training_chooses_the_kind_by_cross_validation(
         assert re.search(rf"candidate full_frame on tap {tap}: held-out event F1 [01]\.\d{{3}} \(", out), out
     spec, _ = load_bundle(tmp_path / "b")
     assert spec.architecture == "full_frame" and spec.tap in ("mid", "late")
-    assert spec.roi.context == AUTO_CONTEXT  # its MCs read the cells around the region too
+    assert spec.roi.context == auto_context(spec.input_size) >= 1  # its MCs read the cells around the region too
     assert spec.base_model == identify(base_model)  # the edge refuses it on any other base model
     validation = spec.validation
     assert validation is not None and validation.method == "occurrences" and validation.folds >= 2

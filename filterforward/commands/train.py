@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.errors import FilterForwardError
-from models.mc_kinds import AUTO, AUTO_CONTEXT, MC_KINDS
+from models.mc_kinds import AUTO, MC_KINDS
 from models.optimizer_kinds import OPTIMIZERS
 from models.roi import MAX_CONTEXT, parse_region
 
@@ -52,8 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--context",
         help=f"cells of the tap around the region that the MC reads but never counts, 0-{MAX_CONTEXT}: a full_frame "
-        f"MC then counts an object only where its response peaks inside the region (the default filter always reads "
-        f"{AUTO_CONTEXT}; an explicit --arch reads none unless given)",
+        "MC then counts an object only where its response peaks inside the region, against its neighbours that far "
+        "(the default filter reads 1 at 384x224, 2 at 768x448, more at larger input sizes; an explicit --arch reads "
+        "none unless given)",
     )
     parser.add_argument(
         "--input-size", help="base-DNN input WxH, multiples of 32 (default: the frame size, at most 768x448 px)"
