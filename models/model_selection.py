@@ -10,12 +10,11 @@ All candidates' features come from one base-DNN pass; each candidate is cross-va
 DRAWS seeds, keeping its best, and the candidate with the best held-out event F1 is trained on every training
 frame from that seed. Near ties go to the earlier candidate. Every candidate is an ensemble of ENSEMBLE seeds
 (models.microclassifiers.Ensemble) and reads cells around the event's region, so that an object beside the
-region, whose response peaks outside it, does not count (models/microclassifiers.py FullFrame): as many cells
-as models.mc_kinds.auto_context gives at the input size, or the region's own if it has
-more. The trained filter keeps the held-out k-of-n at its own threshold (models.crossval.FINAL_THRESHOLD), and
-every estimate that chooses a draw or a candidate is measured at that operating point: a draw whose fold models
-find the held-out occurrences only below it would ship a filter that misses them (bench README, the selection
-criterion).
+region, whose response peaks outside it, does not count (models/microclassifiers.py FullFrame): as many cells as
+models.mc_kinds.auto_context gives at the input size, or the region's own if it has more. The trained filter keeps
+the held-out k-of-n at its own threshold (models.crossval.FINAL_THRESHOLD), and every estimate that chooses a draw
+or a candidate is measured at that operating point: a draw whose fold models find the held-out occurrences only
+below it would ship a filter that misses them (bench README, the selection criterion).
 """
 
 from __future__ import annotations
