@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             draws = case_draws(case, open_clip(case_clip(case), args.data), size, args.seeds)
             if draws:
                 cases[f"{case.clip} {case.event}"] = draws
-                cells = "  ".join(f"{name} " + ",".join(f"{e:.2f}/{f:.3f}" for e, f in o) for name, o in draws.items())
+                cells = "  ".join(f"{name} " + ",".join(f"{e:.4f}/{f:.3f}" for e, f in o) for name, o in draws.items())
                 print(f"{case.clip} {case.event:<22} {size:<7} estimate/test F1 per seed: {cells}", flush=True)
         report(size, cases)
     return 0
