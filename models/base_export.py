@@ -10,7 +10,7 @@ import hashlib
 import logging
 from pathlib import Path
 
-from models.cache import cache_dir
+from models.cache import cache_dir, written_whole
 from models.errors import FilterForwardError
 from models.taps import EFFICIENTNET_LITE0_TAPS, IMAGE_INPUT
 
@@ -65,19 +65,18 @@ def export_base_model(path: Path, sample_size: tuple[int, int] = (224, 224)) -> 
     dynamic = {IMAGE_INPUT: {0: "batch", 1: "height", 2: "width"}}
     dynamic.update({name: {0: "batch"} for name in OUTPUTS})
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
     log.info("exporting %s with taps %s to %s", BASE_MODEL_NAME, ", ".join(OUTPUTS), path)
-    torch.onnx.export(
-        FramesToTaps().eval(),
-        (sample,),
-        str(tmp),
-        input_names=[IMAGE_INPUT],
-        output_names=list(OUTPUTS),
-        dynamic_axes=dynamic,
-        opset_version=OPSET,
-        dynamo=False,
-    )
-    tmp.replace(path)  # atomic: a half-written model is never picked up from the cache
+    with written_whole(path) as tmp:
+        torch.onnx.export(
+            FramesToTaps().eval(),
+            (sample,),
+            str(tmp),
+            input_names=[IMAGE_INPUT],
+            output_names=list(OUTPUTS),
+            dynamic_axes=dynamic,
+            opset_version=OPSET,
+            dynamo=False,
+        )
     return path
 
 

@@ -35,7 +35,7 @@ import onnx
 from models.base_export import BASE_MODEL_NAME, default_base_model_path, ensure_base_model, file_digest
 from models.base_identity import PRECISION_KEY, metadata, set_identity
 from models.basednn import resize
-from models.cache import cache_dir
+from models.cache import cache_dir, written_whole
 from models.datasets.frames import probe, read_frames
 from models.datasets.labelled import LABELS_FILE, open_dataset
 from models.errors import FilterForwardError
@@ -89,9 +89,8 @@ def export_precision(
     model = quantize_int8(source, images, wanted[WEIGHTS_KEY]) if images is not None else onnx.load(str(source))
     set_identity(model, BASE_MODEL_NAME, precision, **wanted)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    onnx.save(model, str(tmp))
-    tmp.replace(out)  # atomic: a half-written model is never picked up
+    with written_whole(out) as tmp:
+        onnx.save(model, str(tmp))
     log.info("wrote %s base model %s", precision, out)
     return out
 

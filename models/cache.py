@@ -1,8 +1,12 @@
-"""Where exported models and feature caches live on disk ($FILTERFORWARD_CACHE, else ~/.cache/filterforward)."""
+"""Where exported models and feature caches live on disk ($FILTERFORWARD_CACHE, else ~/.cache/filterforward), and how
+a file there is written so that no reader ever picks up half of it."""
 
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -11,3 +15,17 @@ def cache_dir(*parts: str) -> Path:
     path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextmanager
+def written_whole(target: Path) -> Iterator[Path]:
+    """A temporary path beside `target` to write it at: renamed over `target` when the block ends (atomic, so a reader
+    sees the old file or the new one), removed when the block raises. The name is this process's and thread's own, so
+    two that write the same target at once (an edge and a trainer exporting the base model at first start) never
+    write into one file."""
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        yield temporary
+        temporary.replace(target)
+    finally:
+        temporary.unlink(missing_ok=True)
