@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from models.base_export import ensure_base_model, file_digest
-from models.cache import cache_dir
+from models.cache import cache_dir, written_whole
 from models.datasets.labelled import LabelledDataset
 from models.errors import FilterForwardError
 from models.roi import FULL_FRAME, ROI
@@ -258,9 +257,7 @@ def _store(array: np.memmap, request: FeatureRequest, tap: np.ndarray, indices: 
 def _mark_filled(entry: _Entry, n_frames: int) -> None:
     filled = _read_filled(entry.path, n_frames)
     filled[entry.missing] = True
-    tmp = entry.path / f"{FILLED_FILE}.{os.getpid()}.tmp"
-    with tmp.open("wb") as handle:
+    with written_whole(entry.path / FILLED_FILE) as tmp, tmp.open("wb") as handle:
         np.save(handle, filled)
-    tmp.replace(entry.path / FILLED_FILE)  # atomic: a reader sees the old mask or the new one
     meta = {"tap": entry.request.tap, "roi": entry.request.roi.model_dump(), "frames_cached": int(filled.sum())}
     (entry.path / META_FILE).write_text(json.dumps(meta, indent=2))
