@@ -100,16 +100,23 @@ class Row:
 
     def summary(self) -> dict[str, float]:
         return {
-            "f1_mean": statistics.fmean(self.f1),
-            "f1_min": min(self.f1),
-            "f1_max": max(self.f1),
-            "precision": statistics.fmean(self.precision),
-            "event_recall": statistics.fmean(self.event_recall),
+            **score_summary(self.f1, self.precision, self.event_recall),
             "sent": statistics.fmean(self.sent),
             "train_s": statistics.fmean(self.train_seconds) if self.train_seconds else 0.0,
             "gated_f1_mean": statistics.fmean(self.gated_f1) if self.gated_f1 else float("nan"),
             "skipped": statistics.fmean(self.skipped) if self.skipped else float("nan"),
         }
+
+
+def score_summary(f1: list[float], precision: list[float], event_recall: list[float]) -> dict[str, float]:
+    """Event F1 mean, worst and best over seeds, and the mean precision and event recall."""
+    return {
+        "f1_mean": statistics.fmean(f1),
+        "f1_min": min(f1),
+        "f1_max": max(f1),
+        "precision": statistics.fmean(precision),
+        "event_recall": statistics.fmean(event_recall),
+    }
 
 
 @dataclass(frozen=True)
