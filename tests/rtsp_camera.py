@@ -53,6 +53,7 @@ class RtspCamera:
     def __init__(self, clip: Path, port: int, user: str | None = None, frames: int = LOOP_FRAMES) -> None:
         self.clip, self.port, self.user, self.frames = clip, port, user, frames
         self.process: subprocess.Popen[str] | None = None
+        self.pushed: int | None = None  # frames the last stopped server fed its clients (None: it said nothing)
 
     def url(self, credentials: str | None = None) -> str:
         login = f"{credentials}@" if credentials else ""
@@ -66,7 +67,8 @@ class RtspCamera:
         assert ready and self.process.stdout.readline().strip() == "ready", "the RTSP server did not start"
 
     def stop(self) -> None:
-        """SIGTERM, like a camera shutting down; the server must exit cleanly on it."""
+        """SIGTERM, like a camera shutting down; the server must exit cleanly on it (and say how many frames it
+        fed its clients, kept in `pushed`)."""
         if self.process is None:
             return
         process, self.process = self.process, None
@@ -76,5 +78,7 @@ class RtspCamera:
         except subprocess.TimeoutExpired:
             process.kill()
             code = process.wait()
+        said = process.stdout.read().split()
         process.stdout.close()
+        self.pushed = int(said[-1]) if said[:1] == ["pushed"] else None
         assert code == 0, f"the RTSP server exited with {code} on SIGTERM"

@@ -3,7 +3,8 @@
 Run with Debian's python3 (it needs gi + GstRtspServer, which the project venv lacks):
     /usr/bin/python3 tests/rtsp_server.py --clip CLIP --port PORT [--path /cam] [--frames N] [--user NAME:PASSWORD]
 It binds 127.0.0.1 only, serves rtsp://127.0.0.1:PORT/cam, prints "ready" once listening and stops on
-SIGTERM/SIGINT. The clip's encoded frames are read once and replayed in a loop at the clip's frame rate,
+SIGTERM/SIGINT, printing "pushed N": the frames it handed to its clients' pipelines, an upper bound of what they
+got. The clip's encoded frames are read once and replayed in a loop at the clip's frame rate,
 without re-encoding (the first frame is a keyframe, so every loop and every new client decodes cleanly).
 With --user the camera demands HTTP-style basic auth, like most real IP cameras.
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 
 import gi
 
@@ -60,8 +60,8 @@ class LoopingFeed:
     """Feeds one client's pipeline: the access units in a loop, stamped at the clip's frame rate
     (the server's sinks sync to the clock, which paces the stream)."""
 
-    def __init__(self, units: list[bytes], period_ns: int) -> None:
-        self._units, self._period_ns = units, period_ns
+    def __init__(self, units: list[bytes], period_ns: int, pushed: list[int]) -> None:
+        self._units, self._period_ns, self._pushed = units, period_ns, pushed
         self._count = 0
 
     def need_data(self, source: Gst.Element, _length: int) -> None:
@@ -69,17 +69,19 @@ class LoopingFeed:
         buffer.pts = buffer.dts = self._count * self._period_ns
         buffer.duration = self._period_ns
         self._count += 1
+        self._pushed[0] += 1
         source.emit("push-buffer", buffer)
 
 
-def make_factory(units: list[bytes], caps: Gst.Caps) -> GstRtspServer.RTSPMediaFactory:
-    """A factory that builds one pipeline per client, each starting at the clip's first frame."""
+def make_factory(units: list[bytes], caps: Gst.Caps, pushed: list[int]) -> GstRtspServer.RTSPMediaFactory:
+    """A factory that builds one pipeline per client, each starting at the clip's first frame; `pushed[0]` counts
+    the frames fed to all of them."""
     period_ns = frame_period_ns(caps)
 
     def configure(_factory: GstRtspServer.RTSPMediaFactory, media: GstRtspServer.RTSPMedia) -> None:
         source = media.get_element().get_by_name("src")
         source.set_property("caps", caps)
-        source.connect("need-data", LoopingFeed(units, period_ns).need_data)
+        source.connect("need-data", LoopingFeed(units, period_ns, pushed).need_data)
 
     factory = GstRtspServer.RTSPMediaFactory()
     factory.set_launch(PIPELINE)
@@ -113,7 +115,8 @@ def main() -> None:
     server = GstRtspServer.RTSPServer()
     server.set_address("127.0.0.1")
     server.set_service(str(args.port))
-    factory = make_factory(units, caps)
+    pushed = [0]
+    factory = make_factory(units, caps, pushed)
     if args.user:
         require_basic_auth(server, factory, args.user)
     server.get_mount_points().add_factory(args.path, factory)
@@ -127,7 +130,7 @@ def main() -> None:
     # Drop the clients, then leave without interpreter teardown: finalizing Python while a client's
     # streaming thread still calls `need_data` segfaults now and then (exit -11 instead of 0).
     server.client_filter(lambda _server, _client: GstRtspServer.RTSPFilterResult.REMOVE)
-    sys.stdout.flush()
+    print(f"pushed {pushed[0]}", flush=True)
     os._exit(0)
 
 
