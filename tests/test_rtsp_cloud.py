@@ -84,7 +84,6 @@ class Outage:
     """Wall-clock marks of the camera's outage (this machine's clock, which the edge stamps frames with)."""
 
     stopped: datetime  # the camera server had exited
-    offline: datetime  # the cloud showed the camera offline
     restarting: datetime  # just before the camera server was started again
     pushed: int | None  # frames the camera server fed its clients before the outage (None: it did not say)
 
@@ -119,7 +118,6 @@ def ride_out_outage(site: Site, camera: RtspCamera, edge: subprocess.Popen) -> O
     camera.stop()
     stopped, stopped_clock, pushed = now(), time.monotonic(), camera.pushed
     wait_until(lambda: not camera_state(site)["online"], "the cloud to show the camera offline", timeout=WAIT_S)
-    offline = now()
     while time.monotonic() - stopped_clock < OUTAGE_S:
         assert edge.poll() is None, f"the edge exited during the outage:\n{site.edge_log()}"
         assert not camera_state(site)["online"], "the camera showed online while its server was down"
@@ -127,7 +125,7 @@ def ride_out_outage(site: Site, camera: RtspCamera, edge: subprocess.Popen) -> O
     restarting = now()
     camera.start()
     wait_until(lambda: camera_state(site)["online"], "the camera to come back online", timeout=WAIT_S)
-    return Outage(stopped, offline, restarting, pushed)
+    return Outage(stopped, restarting, pushed)
 
 
 def stop_edge(site: Site, edge: subprocess.Popen) -> None:
