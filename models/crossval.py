@@ -21,7 +21,7 @@ is kept (models/model_selection.py).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -50,7 +50,7 @@ F1_TIE = 0.01
 # the classes is probability 0.5; the held-out scores still choose k-of-n and give the estimate. Measured on the
 # default filter's ensembles only, so `--arch` filters keep the held-out threshold.
 FINAL_THRESHOLD = 0.5
-MIN_POSITIVES = 20  # fewer frames with the event than this: too few to trust, whatever the estimate says
+MIN_FRAMES = 20  # fewer frames with (or without) the event than this: too few to trust, whatever the estimate says
 LOW_F1 = 0.8  # below this estimate, the warnings list the held-out frames the filter got wrong
 
 
@@ -76,6 +76,10 @@ class OperatingPoint:
     @property
     def smoothing(self) -> Smoothing:
         return Smoothing(threshold=self.threshold, k=self.k, n=self.n)
+
+    def at(self, threshold: float | None) -> OperatingPoint:
+        """The same k-of-n at `threshold` (None: unchanged)."""
+        return self if threshold is None else replace(self, threshold=threshold)
 
     def apply(self, scores: np.ndarray) -> np.ndarray:
         return smooth_scores(scores, self.threshold, self.k, self.n)
@@ -198,9 +202,7 @@ def summarize(
     final model's own, FINAL_THRESHOLD), and what it scored on each fold.
 
     `scores` and `labels` are indexed by frame (NaN and -1 outside the folds' held-out frames)."""
-    point, _ = choose_operating_point(scores, labels, tolerance)
-    if threshold is not None:
-        point = OperatingPoint(threshold, point.k, point.n)
+    point = choose_operating_point(scores, labels, tolerance)[0].at(threshold)
     held_out = np.sort(np.concatenate([fold.held_out for fold in plan.folds]))
     pooled = event_f1(labels[held_out], _piecewise(point, scores, held_out), tolerance)
     per_fold = [s.f1 for s in fold_scores(plan, scores, labels, point, tolerance)]
@@ -235,8 +237,7 @@ def _warnings(
             "occurrence, not for a new one: label frames with another occurrence (another time, another object) "
             "and train again"
         )
-    if n_positive < MIN_POSITIVES:
-        warnings.append(f"only {n_positive} frames show the event: label at least {MIN_POSITIVES}")
+    warnings += _few_frames(n_positive)
     if f1 < LOW_F1:
         predicted = _piecewise(point, scores, held_out)
         truth = labels[held_out] == 1
@@ -254,6 +255,27 @@ def _warnings(
                 f"the occurrence(s) at frames {_listed(missed)} were missed when held out: label more occurrences "
                 "that look like them"
             )
+    return warnings
+
+
+def unvalidated_warnings(n_positive: int, n_negative: int) -> list[str]:
+    """Why a filter that could not be cross-validated is not to be trusted yet, and what to label next."""
+    return [
+        "no cross-validation: the training frames are too few to hold an occurrence of the event out, so there is no "
+        "estimate for new footage: label more occurrences (another time, another place in the region) and frames "
+        "without the event, then train again",
+        *_few_frames(n_positive, n_negative),
+    ]
+
+
+def _few_frames(n_positive: int, n_negative: int | None = None) -> list[str]:
+    warnings = []
+    if n_positive < MIN_FRAMES:
+        warnings.append(f"only {n_positive} frames show the event: label at least {MIN_FRAMES}")
+    if n_negative is not None and n_negative < MIN_FRAMES:
+        warnings.append(
+            f"only {n_negative} frames are without the event: label at least {MIN_FRAMES} (the same scene without it)"
+        )
     return warnings
 
 

@@ -150,5 +150,7 @@ def train_default(
     """The default filter: the best candidate kind, trained on every training frame, its bundle written."""
     choice = choose_kind(dataset, config, model_path, progress)
     model, losses = fit_mc(choice.config, choice.data, progress)
-    result = finish_training(model, choice.data, choice.config, out_dir, model_path, losses, choice.validation)
+    result = finish_training(
+        model, choice.data, choice.config, out_dir, model_path, losses, choice.validation, FINAL_THRESHOLD
+    )
     return result, choice.candidates

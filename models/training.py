@@ -264,7 +264,7 @@ def train_mc(
     fit = partial(fit_mc, config, progress=progress)
     validation = cross_validate(data, config, fit, threshold=final_threshold)
     model, losses = fit(data)
-    return finish_training(model, data, config, out_dir, model_path, losses, validation)
+    return finish_training(model, data, config, out_dir, model_path, losses, validation, final_threshold)
 
 
 StepHook = Callable[[int, MicroClassifier], None]  # (step, the model being trained): learning curves
@@ -356,16 +356,21 @@ def finish_training(
     model_path: Path | None,
     losses: list[float],
     validation: CrossValidation | None,
+    final_threshold: float | None = None,
 ) -> TrainResult:
     """Take the cross-validated operating point (CrossValidation.point; without a cross-validation: the best on
-    the training frames), export to ONNX and write the bundle to `out_dir`."""
+    the training frames, its threshold `final_threshold` if given), export to ONNX and write the bundle to
+    `out_dir`."""
     check_finite(model, config)
     frames = np.arange(*data.span)
     with torch_threads(config.threads):
         scores = predict(model, data, frames, device=config.device)
     labels = data.frame_labels()
     if validation is None:
+        # On its own training frames a model separates the classes at almost any threshold, and the middle of that
+        # range can lie far below its own boundary: the default filter keeps that boundary here too.
         point, _ = choose_operating_point(np.concatenate([np.full(data.span[0], np.nan), scores]), labels)
+        point = point.at(final_threshold)
     else:
         point = validation.point
     train_scores = event_f1(data.labels, point.apply(scores), BOUNDARY_TOLERANCE)
@@ -441,6 +446,8 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
             f"need steps >= 1, batch size >= 2 and threads >= 1, got {config.steps}, {config.batch_size} and "
             f"{config.threads}"
         )
+    if config.seed < 0:
+        raise FilterForwardError(f"the seed must be 0 or more, got {config.seed}")
 
 
 def check_curricula(config: TrainConfig) -> None:

@@ -260,6 +260,10 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     assert main([*base, "--event", "any_object", "--arch", "windowed", "--mirror"]) == 2
     expected = "mirrored training frames need a full_frame MC, not windowed: drop --mirror or change the kind"
     assert expected in capsys.readouterr().err
+    # Every --event is checked before the first is trained: a typo in the last one costs no work and writes nothing.
+    assert main([*base, "--event", "any_object", "--event", "cars"]) == 2
+    assert f"{tiny.name} has no event 'cars'; its events are " in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
@@ -283,6 +287,8 @@ def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: 
         train(optimizer="sgd")
     with pytest.raises(FilterForwardError, match="filter spec would not be valid: name: String should match"):
         train(name="Cars In Lot")
+    with pytest.raises(FilterForwardError, match="the seed must be 0 or more, got -3"):
+        train(seed=-3)
 
 
 def test_curricula_grow_the_window_and_resolution_seen_per_step(tiny: LabelledDataset, base_model: Path) -> None:
@@ -350,6 +356,22 @@ def test_default_training_chooses_the_kind_by_cross_validation(
     assert f"event F1 {validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f})" in out
     assert spec.smoothing.threshold == FINAL_THRESHOLD  # the final model's own class boundary, not the fold models'
     assert "k-of-n chosen on the held-out frames, the threshold the model's own" in out
+
+
+def test_default_training_on_too_few_frames_to_validate_says_what_to_label(
+    clip: LabelledDataset, clip_taps: dict[str, np.ndarray], base_model: Path, tmp_path: Path, capsys
+) -> None:
+    # Frames 15-17 are the only negatives before the first object's run (20-61): no fold can hold any out.
+    argv = ["train", str(clip.root), "--event", "any_object", "--frames", "15:62", "--steps", "60"]
+    assert main([*argv, "--base-model", str(base_model), "--out", str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    spec, _ = load_bundle(tmp_path / "b")
+    assert spec.validation is None
+    # Its own training frames would take almost any threshold; the model's own boundary is what ships.
+    assert spec.smoothing.threshold == FINAL_THRESHOLD
+    assert "k-of-n chosen on the training frames, the threshold the model's own" in out
+    assert "warning: no cross-validation: the training frames are too few to hold an occurrence" in out
+    assert "warning: only 3 frames are without the event: label at least 20" in out
 
 
 def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(

@@ -317,6 +317,7 @@ def _train(
 ) -> Trained:
     """The same steps as `filterforward train` (models.model_selection.train_default, models.training.train_mc, or
     torchrun with --nproc), with a progress report between them."""
+    from models.crossval import FINAL_THRESHOLD
     from models.distributed_training import launch
     from models.features import FeatureRequest, cached_features
     from models.model_selection import CANDIDATES, CandidateEstimate, choose_kind
@@ -344,7 +345,8 @@ def _train(
     else:
         model, losses = fit_mc(config, data, progress=False)
         reporter.update("exporting", 0.0, "exporting to ONNX")
-        result = finish_training(model, data, config, out, base_model, losses, validation)
+        own = FINAL_THRESHOLD if arch == AUTO else None  # the default filter's threshold, with or without folds
+        result = finish_training(model, data, config, out, base_model, losses, validation, own)
     if not candidates:
         candidates = [CandidateEstimate(config.architecture, config.tap_name, result.spec.validation)]
     return Trained(result, config, data, validation, candidates)

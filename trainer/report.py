@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from models.crossval import unvalidated_warnings
+
 if TYPE_CHECKING:
     from models.crossval import CrossValidation
     from models.datasets import LabelledDataset
@@ -41,10 +43,7 @@ def make_report(trained: Trained, examples: dict[str, Any], uncertain: list[dict
     """The report the cloud stores with the job (cloud.schemas.TrainingReport)."""
     result, spec = trained.result, trained.result.spec
     validation = spec.validation
-    warnings = list(validation.warnings) if validation else [
-        "no cross-validation: the labelled frames are too few to hold an occurrence of the event out, so there is "
-        "no estimate for new footage: label more occurrences (and frames without the event) and train again"
-    ]  # fmt: skip
+    warnings = list(validation.warnings) if validation else unvalidated_warnings(result.n_positive, result.n_negative)
     return {
         "filter": spec.name,
         "event": spec.event,

@@ -147,7 +147,7 @@ def _train(args: argparse.Namespace) -> int:
     from models.datasets.labelled import open_dataset
 
     dataset = open_dataset(args.dataset)
-    events = _events(args.event, dataset.events())
+    events = _events(args.event, dataset)
     if len(events) > 1 and args.name:
         raise FilterForwardError("--name names one filter: drop it when training several --event at once")
     for event in events:
@@ -232,6 +232,8 @@ def summary(
     result: TrainResult, frames: tuple[int, int], optimizer: str, nproc: int, own_threshold: bool = False
 ) -> str:
     """What was trained, how it is expected to do on new footage, and what to label next."""
+    from models.crossval import unvalidated_warnings
+
     spec, scores = result.spec, result.train_scores
     lines = [
         f"filter {spec.name}: {spec.architecture} on tap {spec.tap}, region {spec.roi.describe()}, "
@@ -239,34 +241,35 @@ def summary(
         f"trained on frames {frames[0]}:{frames[1]} ({result.n_positive} positive, {result.n_negative} negative), "
         f"{len(result.losses)} steps with {optimizer} on {nproc} process(es), final loss {result.losses[-1]:.4f}",
     ]
-    smoothing = spec.smoothing
-    operating_point = f"threshold {smoothing.threshold:.3g} (k={smoothing.k} of n={smoothing.n})"
     validation = spec.validation
-    if validation is None:
-        lines.append("no cross-validation: the training frames are too few to hold any occurrence out")
-        lines.append(f"{operating_point}, chosen on the training frames")
-    else:
+    if validation is not None:
         held = {"occurrences": "whole occurrences", "blocks": "thirds of its one occurrence"}[validation.method]
         lines.append(
             f"expected on new footage (cross-validation, {validation.folds} folds, {held} held out): event F1 "
             f"{validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f}), precision "
             f"{validation.precision:.3f}, event recall {validation.event_recall:.3f}"
         )
-        if own_threshold:
-            lines.append(f"{operating_point}: k-of-n chosen on the held-out frames, the threshold the model's own")
-        else:
-            lines.append(f"{operating_point}, chosen on the held-out frames")
+    smoothing = spec.smoothing
+    chosen = f"chosen on the {'training' if validation is None else 'held-out'} frames"
+    if own_threshold:
+        chosen = f"k-of-n {chosen}, the threshold the model's own"
+    lines.append(f"threshold {smoothing.threshold:.3g} (k={smoothing.k} of n={smoothing.n}): {chosen}")
     lines.append(
         f"on its own training frames: event F1 {scores.f1:.3f} (precision {scores.precision:.3f}, event recall "
         f"{scores.event_recall:.3f}, {scores.n_detected}/{scores.n_events} events)"
     )
-    lines += [f"warning: {text}" for text in (validation.warnings if validation else ())]
+    warnings = validation.warnings if validation else unvalidated_warnings(result.n_positive, result.n_negative)
+    lines += [f"warning: {text}" for text in warnings]
     lines.append(f"bundle: {result.bundle}")
     return "\n".join(lines)
 
 
-def _events(chosen: list[str] | None, events: list[str]) -> list[str]:
+def _events(chosen: list[str] | None, dataset: LabelledDataset) -> list[str]:
+    events = dataset.events()
     if chosen:
+        unknown = ", ".join(repr(event) for event in chosen if event not in events)
+        if unknown:  # before any is trained: a typo in the last --event must not come after the others' work
+            raise FilterForwardError(f"{dataset.name} has no event {unknown}; its events are {', '.join(events)}")
         return list(dict.fromkeys(chosen))  # in order, each once
     if len(events) == 1:
         return events
