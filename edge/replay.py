@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from pydantic import ValidationError
 from tqdm import tqdm
 
 from common.fragment import Fragment, pack
@@ -25,8 +26,8 @@ from edge.sources import Frame
 from models.basednn import BaseDNN
 from models.bundle import load_bundle
 from models.datasets import LabelledDataset
-from models.errors import FilterForwardError
-from models.evaluation import EventScores, bandwidth_bps, event_f1, runs
+from models.errors import FilterForwardError, validation_summary
+from models.evaluation import EventScores, bandwidth_bps, check_tolerance, event_f1, runs
 from models.filterspec import FilterSpec
 from models.mc_kinds import MCWeights
 from models.smoother import Event
@@ -145,9 +146,15 @@ def evaluate(
     progress: bool = True,
     weights: MCWeights = "fp32",
 ) -> ReplayReport:
-    """Replay, then score each filter (event F1 per the paper) and the bandwidth of what was sent."""
+    """Replay, then score each filter (event F1 per the paper) and the bandwidth of what was sent. Every setting is
+    checked before the replay starts."""
+    check_tolerance(tolerance)
+    try:
+        upload = UploadSettings(crf=crf)
+    except ValidationError as exc:
+        raise FilterForwardError(f"upload settings: {validation_summary(exc)}") from None
     labels = {spec.name: _label_for(dataset, spec, event) for spec, _ in map(load_bundle, bundles)}
-    sink = replay(dataset, bundles, frames, base_model, progress, UploadSettings(crf=crf), weights=weights)
+    sink = replay(dataset, bundles, frames, base_model, progress, upload, weights=weights)
     start, stop = frames
     reports = []
     for name, label in labels.items():

@@ -41,6 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FilterForwardError as exc:
         print(f"filterforward {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # the file system or the network said no: one line, the traceback only with -v
+        if args.verbose:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"filterforward {args.command}: error: {where}{exc.strerror or exc} (-v shows where)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

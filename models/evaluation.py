@@ -110,9 +110,13 @@ def _checked(labels: np.ndarray, predicted: np.ndarray, tolerance: int) -> tuple
         raise FilterForwardError("labels must be 1 (event), 0 (no event) or -1 (uncertain): fix the label file")
     if not np.isin(predicted, (0, 1)).all():
         raise FilterForwardError("predictions must be bool or 0/1 per frame: threshold the scores first")
+    check_tolerance(tolerance)
+    return labels.astype(np.int8), predicted.astype(bool)
+
+
+def check_tolerance(tolerance: int) -> None:
     if tolerance < 0:
         raise FilterForwardError(f"boundary tolerance must be >= 0 frames, got {tolerance}")
-    return labels.astype(np.int8), predicted.astype(bool)
 
 
 def _near_transitions(truth: np.ndarray, certain: np.ndarray, tolerance: int) -> np.ndarray:

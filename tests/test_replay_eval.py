@@ -70,6 +70,10 @@ def test_eval_command_prints_the_table_and_writes_json(intel_car: Path, red_filt
         (["--filter", "{red}", "--event", "purple_bus"], "no event 'purple_bus'"),
         (["--filter", "{red}", "--frames", "300:200"], "selects no frames"),
         (["--filter", "{red}", "--mc-weights", "int4"], "invalid choice: 'int4'"),
+        # Checked before the replay: a wrong setting costs no replay and no report is lost at the end.
+        (["--filter", "{red}", "--crf", "99"], "crf: Input should be less than or equal to 51"),
+        (["--filter", "{red}", "--tolerance", "-1"], "boundary tolerance must be >= 0 frames, got -1"),
+        (["--filter", "{red}", "--json", "{red}"], "is a folder, not a file: give a file path"),
     ],
 )
 def test_eval_bad_input_is_one_line(intel_car: Path, red_filter: Path, args: list[str], message: str) -> None:

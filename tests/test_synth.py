@@ -165,3 +165,18 @@ def test_cli_synth_and_info(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert all(event in printed for event in EVENTS)
     with pytest.raises(FilterForwardError, match="WIDTHxHEIGHT"):
         _cli("dataset", "synth", "--out", str(tmp_path / "x"), "--size", "128by96")
+
+
+def test_an_os_error_is_one_line_and_the_traceback_is_behind_verbose(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from filterforward.cli import main
+
+    (tmp_path / "a-file").write_text("not a folder")
+    argv = ["dataset", "synth", "--out", str(tmp_path / "a-file" / "scene"), "--frames", "10"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"filterforward dataset: error: {tmp_path / 'a-file'}") and err.count("\n") == 1
+    assert "Not a directory (-v shows where)" in err
+    with pytest.raises(NotADirectoryError):
+        main(["-v", *argv])

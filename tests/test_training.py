@@ -264,6 +264,9 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     assert main([*base, "--event", "any_object", "--event", "cars"]) == 2
     assert f"{tiny.name} has no event 'cars'; its events are " in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+    (tmp_path / "a-file").write_text("")
+    assert main(["train", str(tiny.root), "--event", "any_object", "--out", str(tmp_path / "a-file")]) == 2
+    assert "--out " + str(tmp_path / "a-file") + " is a file, not a folder" in capsys.readouterr().err
 
 
 def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:

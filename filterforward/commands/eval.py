@@ -56,9 +56,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from edge.replay import evaluate
-    from filterforward.commands.options import parse_range
+    from filterforward.commands.options import check_writable, parse_range
     from models.datasets import open_dataset
 
+    if args.json:
+        check_writable(args.json, "--json", folder=False)
     dataset = open_dataset(args.dataset)
     frames = parse_range(args.frames, dataset.n_frames)
     report = evaluate(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from models.errors import FilterForwardError
 
 
@@ -36,3 +39,14 @@ def parse_scales(text: str) -> tuple[float, ...]:
         return tuple(float(part) for part in text.split(","))
     except ValueError:
         raise FilterForwardError(f"scales {text!r} are not comma-separated numbers, e.g. 0.75,1.25") from None
+
+
+def check_writable(path: Path, option: str, folder: bool) -> None:
+    """Fail before any work is done when `path` cannot be written: a folder to write in (`folder`) or a file."""
+    kind, other = ("folder", "file") if folder else ("file", "folder")
+    if path.exists() and path.is_dir() != folder:
+        raise FilterForwardError(f"{option} {path} is a {other}, not a {kind}: give a {kind} path")
+    place = path if folder else path.parent  # the folder written in, or the nearest one that exists above it
+    existing = next(p for p in (place, *place.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise FilterForwardError(f"{option} {path} cannot be written: {existing} is not a folder you can write in")

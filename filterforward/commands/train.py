@@ -144,8 +144,10 @@ def _optimizers() -> str:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from filterforward.commands.options import check_writable
     from models.datasets.labelled import open_dataset
 
+    check_writable(args.out, "--out", folder=True)
     dataset = open_dataset(args.dataset)
     events = _events(args.event, dataset)
     if len(events) > 1 and args.name:
