@@ -8,15 +8,20 @@ alone, before any filter was scored) into a feedback window and a final part, ea
 training never saw.
 
 - Round 0: the default filter trained on the prefix, exactly as bench/generalization.py trains it.
-- Feedback: round 0 replayed through the edge pipeline over the feedback window; every frame it sent gets its
-  true label (right or wrong) and so does every positive frame of the window (what a person marks as missed).
-  The window's other frames stay unlabelled, as they would in the studio.
+- Feedback: round 0 replayed through the edge pipeline over the feedback window. With `--marks events` (the
+  default: the gallery's "Right"/"Wrong" buttons) every event it reported is judged as a whole: all the frames it
+  sent for that event are labelled 1 if any of them shows the event, else 0. With `--marks frames` (a person who
+  picks frame by frame) every frame it sent gets its own true label. Either way every positive frame of the window
+  is labelled 1 (the occurrences it missed, labelled frame by frame on footage requested from the camera: the
+  cloud keeps only the frames filters sent). The window's other frames stay unlabelled, as they would in the
+  studio.
 - Round 1: the default filter trained again on the prefix and those labels.
 - Both rounds are replayed over the final part, which neither saw, and scored like `filterforward eval`.
 
 Only clips whose test part holds occurrences on both sides of a cut are used.
 
-    python bench/feedback.py --seeds 0-4 --json bench/out/feedback.json
+    python bench/feedback.py --seeds 0-4 --json bench/out/feedback.json                  # marked per event
+    python bench/feedback.py --seeds 0-4 --marks frames --json bench/out/feedback-frames.json
 """
 
 from __future__ import annotations
@@ -83,16 +88,31 @@ class Row:
         }
 
 
-def feedback_labels(truth: np.ndarray, sent: set[int], window: tuple[int, int]) -> np.ndarray:
-    """The labels a person gives in the window: the true label of every frame the filter sent and of every
-    positive frame (the missed ones), the rest uncertain. `truth` covers the whole clip."""
+MARKS = ("events", "frames")  # how a person marks what the filter sent: each event as a whole, or frame by frame
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What one filter sent over a replay: its frames, and the frames of each event it reported."""
+
+    frames: set[int]
+    events: list[set[int]]
+
+
+def feedback_labels(truth: np.ndarray, sent: Sent, window: tuple[int, int], marks: str) -> np.ndarray:
+    """The labels a person gives in the window (see the module docstring), the rest uncertain; the training prefix
+    keeps its labels. `truth` covers the whole clip."""
     labels = np.full(len(truth), UNCERTAIN, dtype=truth.dtype)
     labels[: window[0]] = truth[: window[0]]
     start, stop = window
-    reviewed = np.zeros(stop - start, bool)
-    reviewed[[index - start for index in sent if start <= index < stop]] = True
-    reviewed |= truth[start:stop] == 1
-    labels[start:stop][reviewed] = truth[start:stop][reviewed]
+    inside = [index for index in sent.frames if start <= index < stop]
+    labels[inside] = truth[inside]
+    if marks == "events":
+        for frames in sent.events:
+            marked = [index for index in frames if start <= index < stop]
+            labels[marked] = int((truth[marked] == 1).any())
+    positive = np.flatnonzero(truth[start:stop] == 1) + start
+    labels[positive] = 1
     return labels
 
 
@@ -115,13 +135,22 @@ def train(dataset: LabelledDataset, event: str, size: tuple[int, int], stop: int
     return time.perf_counter() - started
 
 
-def sent_frames(dataset: LabelledDataset, bundles: list[Path], frames: tuple[int, int]) -> dict[Path, set[int]]:
-    """Each filter's sent frames when all of them are replayed together over `frames` (base DNN on every frame)."""
+def sent_frames(dataset: LabelledDataset, bundles: list[Path], frames: tuple[int, int]) -> dict[Path, Sent]:
+    """What each filter sent when all of them are replayed together over `frames` (base DNN on every frame)."""
     sink = replay(dataset, bundles, frames, progress=False, gate=None)
-    return {path: set(sink.frames.get(load_bundle(path)[0].name, ())) for path in bundles}
+    sent = {}
+    for path in bundles:
+        name = load_bundle(path)[0].name
+        matched = set(sink.frames.get(name, ()))
+        events = [e for e in sink.events if e.filter == name and e.end_frame is not None]
+        spans = [{i for i in matched if e.start_frame <= i <= e.end_frame} for e in events]
+        sent[path] = Sent(matched, spans)
+    return sent
 
 
-def score_clip(dataset: LabelledDataset, clip: Clip, size: tuple[int, int], seeds: Sequence[int]) -> list[Row]:
+def score_clip(
+    dataset: LabelledDataset, clip: Clip, size: tuple[int, int], seeds: Sequence[int], marks: str
+) -> list[Row]:
     feedback_stop = FEEDBACK_STOP[clip.folder]
     window, final = (clip.train_stop, feedback_stop), (feedback_stop, dataset.n_frames)
     rows = []
@@ -136,7 +165,7 @@ def score_clip(dataset: LabelledDataset, clip: Clip, size: tuple[int, int], seed
             reviewed = sent_frames(dataset, list(first.values()), window)
             second = {}
             for seed, path in first.items():
-                labels = feedback_labels(truth, reviewed[path], window)
+                labels = feedback_labels(truth, reviewed[path], window, marks)
                 labelled = dataclasses.replace(dataset, labels={**dataset.labels, event.name: labels})
                 second[seed] = out / f"{event.name}-r1-s{seed}"
                 rounds[1].train_seconds.append(train(labelled, event.name, size, feedback_stop, seed, second[seed]))
@@ -144,7 +173,7 @@ def score_clip(dataset: LabelledDataset, clip: Clip, size: tuple[int, int], seed
             for row, bundles in zip(rounds, (first, second), strict=True):
                 matched = sent_frames(dataset, list(bundles.values()), final)
                 for seed, path in bundles.items():
-                    predicted = matched_mask(matched[path], final)
+                    predicted = matched_mask(matched[path].frames, final)
                     scores = event_f1(truth[final[0] : final[1]], predicted, BOUNDARY_TOLERANCE)
                     row.seeds.append(seed)
                     row.f1.append(scores.f1)
@@ -178,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--sizes", type=choices(("default", "half")), default=("default", "half"), help="input sizes to run"
     )
+    parser.add_argument(
+        "--marks", choices=MARKS, default=MARKS[0], help="how sent frames are marked: per event (default) or per frame"
+    )
     parser.add_argument("--json", type=Path, help="also write every row (per-seed values) as JSON here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -190,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for clip in (c for c in CLIPS if c.folder in FEEDBACK_STOP):
             dataset = open_clip(clip, args.data)
             for size_name in args.sizes:
-                rows += score_clip(dataset, clip, input_size(dataset, size_name), args.seeds)
+                rows += score_clip(dataset, clip, input_size(dataset, size_name), args.seeds, args.marks)
                 print_table(rows)
     except FilterForwardError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -198,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         document = {
             "feedback_stop": FEEDBACK_STOP,
+            "marks": args.marks,
             "splits": {c.folder: c.train_stop for c in CLIPS if c.folder in FEEDBACK_STOP},
             "tolerance": BOUNDARY_TOLERANCE,
             "cpus": os.cpu_count(),

@@ -5,9 +5,9 @@ random frames (neighbouring frames are near copies and would make any model look
 
 * two or more separate occurrences in the training frames: each fold holds out whole occurrences with the
   frames around them (cut half-way through the gaps between occurrences) and trains on the others;
-* one occurrence: its frames and the negative frames are each cut into contiguous thirds and each fold
-  holds out one third of both. The estimate then measures the rest of an occurrence the filter has seen
-  part of, not a new one, and says so.
+* one occurrence (or occurrences no fold can hold out whole, see plan_folds): its frames and the negative frames
+  are each cut into contiguous thirds and each fold holds out one third of both. The estimate then measures the
+  rest of an occurrence the filter has seen part of, not a new one, and says so.
 
 A guard band of frames around the held-out frames is left out of the fold's training frames as well. Every
 training frame is scored once by a model that never saw it (out of fold), and those scores choose the
@@ -103,19 +103,27 @@ def occurrences(labels: np.ndarray, span: tuple[int, int], merge_gap: int) -> li
 
 def plan_folds(labels: np.ndarray, span: tuple[int, int], merge_gap: int, guard: int) -> FoldPlan:
     """Folds over the training frames (see the module docstring); folds whose training part lacks positives or
-    negatives are dropped, so a plan may hold fewer than two folds when the data is too thin to validate."""
+    negatives are dropped, so a plan may hold fewer than two folds when the data is too thin to validate.
+
+    Occurrences whose frames without the event all lie on one side (an occurrence labelled up to the end of the
+    labelled frames, as a feedback round's "right" event can be) leave a fold that trains on positives only; then
+    the occurrences are cut in thirds as a single one's would be, so the filter is still validated."""
     found = occurrences(labels, span, merge_gap)
-    if len(found) >= 2:
-        blocks, method = _occurrence_blocks(found, span), "occurrences"
-    else:
-        blocks, method = _class_blocks(labels, span), "blocks"
+    folds = _folds(_occurrence_blocks(found, span), labels, span, guard) if len(found) >= 2 else []
+    if len(folds) >= 2:
+        return FoldPlan(tuple(folds), len(found), "occurrences")
+    return FoldPlan(tuple(_folds(_class_blocks(labels, span), labels, span, guard)), len(found), "blocks")
+
+
+def _folds(blocks: list[np.ndarray], labels: np.ndarray, span: tuple[int, int], guard: int) -> list[Fold]:
+    """A fold per held-out block whose training part (outside the guard band) holds both classes."""
     folds = []
     for held_out in blocks:
         train = _outside_guard(held_out, span, guard)
         values = labels[train]
         if held_out.size and (values == 1).any() and (values == 0).any():
             folds.append(Fold(held_out, train[values != UNCERTAIN]))
-    return FoldPlan(tuple(folds), len(found), method)
+    return folds
 
 
 def _occurrence_blocks(found: list[tuple[int, int]], span: tuple[int, int]) -> list[np.ndarray]:
@@ -231,11 +239,17 @@ def _warnings(
 ) -> list[str]:
     """Plain reasons not to trust the filter yet, each with what to label next."""
     warnings = []
-    if plan.method == "blocks":
+    if plan.method == "blocks" and plan.occurrences < 2:
         warnings.append(
             "the training frames hold one occurrence of the event, so the estimate is for the rest of that "
             "occurrence, not for a new one: label frames with another occurrence (another time, another object) "
             "and train again"
+        )
+    elif plan.method == "blocks":
+        warnings.append(
+            "no whole occurrence could be held out (the frames without the event lie on one side of them), so the "
+            "estimate is for parts of occurrences the filter has seen: label frames without the event between and "
+            "after the occurrences and train again"
         )
     warnings += _few_frames(n_positive)
     if f1 < LOW_F1:

@@ -47,8 +47,9 @@ class Encoding(BaseModel):
 class Validation(BaseModel):
     """What cross-validation over time on the training frames expects of the filter on footage it has not seen.
 
-    Each fold held out whole occurrences of the event (or, with one occurrence, thirds of it: method
-    "blocks") and was scored by a model trained without them, at the filter's threshold and k-of-n.
+    Each fold held out whole occurrences of the event (or, with one occurrence or occurrences no fold could hold out
+    whole, thirds of their frames: method "blocks") and was scored by a model trained without them, at the filter's
+    threshold and k-of-n.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -61,6 +61,20 @@ def test_one_occurrence_is_cut_in_thirds() -> None:
     assert all(-1 not in labels[f.train] for f in plan.folds)
 
 
+def test_occurrences_no_fold_can_hold_out_whole_are_cut_in_thirds_and_warned_about() -> None:
+    # The second occurrence runs to the end of the labelled frames (a feedback round's "right" event) and nothing
+    # before it is labelled: a fold holding the first occurrence out would train on positives only.
+    labels = labels_with(400, (0, 234), (364, 399))
+    labels[300:364] = -1
+    plan = plan_folds(labels, (0, 400), merge_gap=30, guard=6)
+    assert plan.method == "blocks" and plan.occurrences == 2 and len(plan.folds) == 3
+    assert all((labels[f.train] == 1).any() and (labels[f.train] == 0).any() for f in plan.folds)
+    scores = np.where(labels == 1, 0.8, 0.1)
+    warnings = summarize(plan, scores, labels, n_positive=271).validation.warnings
+    assert any("no whole occurrence could be held out" in w for w in warnings)
+    assert not any("one occurrence" in w for w in warnings)
+
+
 def test_too_little_data_gives_no_folds_to_validate_with() -> None:
     labels = labels_with(20, (0, 19))  # no negative at all
     assert len(plan_folds(labels, (0, 20), merge_gap=2, guard=2).folds) == 0

@@ -231,7 +231,7 @@ function validationCell(validation) {
   if (!validation) return el("td", { "data-field": "validation", title: "trained without cross-validation" }, "—");
   const f1 = (value) => value.toFixed(2);
   const warnings = validation.warnings || [];
-  const held = validation.method === "blocks" ? "thirds of one occurrence" : "whole occurrences";
+  const held = validation.method === "blocks" ? "thirds of the occurrences' frames" : "whole occurrences";
   const title = [`${validation.folds} folds, ${held} held out`, ...warnings.map((w) => `⚠ ${w}`)].join("\n");
   const text = `${f1(validation.event_f1)} (${f1(validation.f1_min)}–${f1(validation.f1_max)})`;
   return el(

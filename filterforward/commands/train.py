@@ -245,7 +245,7 @@ def summary(
     ]
     validation = spec.validation
     if validation is not None:
-        held = {"occurrences": "whole occurrences", "blocks": "thirds of its one occurrence"}[validation.method]
+        held = "whole occurrences" if validation.method == "occurrences" else "thirds of the occurrences' frames"
         lines.append(
             f"expected on new footage (cross-validation, {validation.folds} folds, {held} held out): event F1 "
             f"{validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f}), precision "
