@@ -1,12 +1,14 @@
 """Feedback and revisions in the web page (docs/studio.md, "Feedback and revisions"), in real headless Chromium against
 a real `filterforward cloud serve` process and real `filterforward trainer serve --once` processes: an event marked
-wrong from the gallery and an interval marked missed become labelled frames of the filter's dataset; the studio
+wrong from the gallery (or frame by frame) and an interval marked missed become labelled frames of the filter's
+dataset; the studio
 proposes the frames the trained filter is least sure about, trains a new revision, shows the two estimates side by
 side, and rolls the filter back from its revisions list. What the page shows is read from the jobs the trainer
 finished (GET /api/training-jobs/{id})."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
@@ -266,3 +268,29 @@ def test_feedback_from_the_gallery_a_new_revision_and_a_rollback(
     assert rest(cloud, "GET", f"/api/filters/{FILTER}/model").content == job_model(cloud, first)
     listed = rest(cloud, "GET", f"/api/filters/{FILTER}/revisions").json()
     assert [(r["job"], r["current"]) for r in listed] == [(second, False), (first, True)]
+
+
+def test_an_events_frames_marked_one_by_one(page: Page, cloud: CloudServer, first_job: dict[str, Any]) -> None:
+    """ "Mark frames…": the event's first frame shows the event, the rest do not (a click cycles a frame's mark, a
+    shift-click gives the frames since the last click the same mark); unmarked frames are left alone."""
+    page.get_by_test_id("event-card").get_by_test_id("event-mark-frames").click()
+    dialog = page.get_by_test_id("mark-dialog")
+    frames = dialog.get_by_test_id("mark-frame")
+    expect(frames).to_have_count(4)
+    expect(frames.locator("img")).to_have_count(4)  # each frame's image, fetched with the page's token
+    dialog.get_by_test_id("mark-save").click()
+    expect(dialog.get_by_test_id("mark-message")).to_have_text("Mark a frame first: click it.")
+    frames.nth(0).click()  # shows the event
+    frames.nth(1).click()
+    frames.nth(1).click()  # does not
+    frames.nth(3).click(modifiers=["Shift"])  # nor do the frames up to the fourth
+    assert [frame.get_attribute("data-mark") for frame in frames.all()] == ["1", "0", "0", "0"]
+    dialog.get_by_test_id("mark-save").click()
+    expect(dialog.get_by_test_id("mark-message")).to_have_text(
+        re.compile(
+            rf"1 frame labelled with {EVENT} in dataset {DATASET} \(\d new\)\. "
+            rf"3 frames labelled without {EVENT} in dataset {DATASET} \(\d new\)\."
+        )
+    )
+    # The event's four frames are the first the feedback added to the dataset (after its 120 own frames).
+    assert [labels(cloud).get(frame) for frame in range(120, 124)] == [1, 0, 0, 0]

@@ -508,7 +508,9 @@ const FEEDBACK = [
   [1, "Right", "event-right", "the event happened: its frames join the filter's dataset, labelled with it"],
 ];
 
-/** "Wrong" and "Right" on an event card: its frames become labels on its filter's dataset (made in the studio). */
+/** "Wrong" and "Right" on an event card: its frames become labels on its filter's dataset (made in the studio).
+ * "Mark frames…" labels some of them, one by one: an event that runs past its occurrence, marked "Right" as a whole,
+ * teaches the filter its false alarms (bench/feedback.py: whole-event marks lifted no row, frame marks three). */
 function feedbackButtons(event) {
   const message = el("p", { class: "message", role: "status", "data-testid": "event-feedback-message" });
   const buttons = FEEDBACK.map(([value, text, testId, title]) => {
@@ -516,7 +518,13 @@ function feedbackButtons(event) {
     button.addEventListener("click", () => markEvent(event.id, value, buttons, message));
     return button;
   });
-  return el("div", { class: "event-feedback" }, ...buttons, message);
+  const frames = el(
+    "button",
+    { type: "button", class: "secondary small", "data-testid": "event-mark-frames", title: "label its frames one by one" },
+    "Mark frames…",
+  );
+  frames.addEventListener("click", () => openMarks(gallery.entries.get(event.id)?.event || event));
+  return el("div", { class: "event-feedback" }, ...buttons, frames, message);
 }
 
 async function markEvent(eventId, value, buttons, message) {
@@ -533,6 +541,100 @@ async function markEvent(eventId, value, buttons, message) {
   } finally {
     for (const button of buttons) button.disabled = false;
   }
+}
+
+// The "Mark frames…" dialog: the event's stored frames, each marked 1 (shows the event), 0 (does not) or not at all.
+const MARK_CYCLE = { none: "1", 1: "0", 0: "none" };
+let marking = null; // { eventId, buttons, last, lastMark, urls }
+
+async function openMarks(event) {
+  const strip = byId("mark-frames");
+  closeMarks();
+  marking = { eventId: event.id, buttons: [], last: null, lastMark: null, urls: [] };
+  const current = marking;
+  byId("mark-title").textContent = `Mark frames: ${event.filter} on ${event.camera}, ${fmt.time(event.started_at)}`;
+  setMessage("mark-message", "Loading its frames…");
+  byId("mark-dialog").showModal();
+  let frames;
+  try {
+    frames = (await api(`/api/events/${event.id}/frames`)).filter((frame) => frame.image_url);
+  } catch (err) {
+    setMessage("mark-message", `Could not list its frames: ${err.message}`, true);
+    return;
+  }
+  if (current !== marking) return;
+  current.buttons = frames.map((frame, index) => markButton(frame, index));
+  strip.replaceChildren(...current.buttons);
+  setMessage("mark-message", frames.length ? "" : "It has no stored frame with an image left to mark.");
+  for (const [index, frame] of frames.entries()) {
+    // One at a time: a frame of a stream is decoded on the server.
+    if (current !== marking) return;
+    await loadMarkImage(current, current.buttons[index], frame);
+  }
+}
+
+function markButton(frame, index) {
+  const box = el("div", { class: "thumb" }, "…");
+  const button = el(
+    "button",
+    { type: "button", class: "mark-frame", "data-testid": "mark-frame", "data-frame-id": frame.id, "data-mark": "none" },
+    box,
+    el("span", { class: "mark-state" }, `frame ${fmt.count(frame.frame_index)}`),
+  );
+  button.addEventListener("click", (click) => markFrames(index, click.shiftKey));
+  return button;
+}
+
+async function loadMarkImage(current, button, frame) {
+  try {
+    const url = URL.createObjectURL(await api(frame.image_url, { as: "blob" }));
+    current.urls.push(url);
+    button.firstChild.replaceChildren(el("img", { src: url, alt: `Frame ${frame.frame_index}` }));
+  } catch (err) {
+    button.firstChild.textContent = "image unavailable";
+    button.title = err.message;
+  }
+}
+
+/** Marks one frame with the next mark of the cycle; with `range`, every frame since the last one clicked gets the
+ * mark that one got. */
+function markFrames(index, range) {
+  const { buttons } = marking;
+  const ranged = range && marking.last !== null;
+  const mark = ranged ? marking.lastMark : MARK_CYCLE[buttons[index].dataset.mark];
+  const [first, last] = ranged ? [Math.min(marking.last, index), Math.max(marking.last, index)] : [index, index];
+  for (let i = first; i <= last; i += 1) buttons[i].dataset.mark = mark;
+  marking.last = index;
+  marking.lastMark = mark;
+  setMessage("mark-message", "");
+}
+
+async function saveMarks() {
+  if (!marking) return;
+  const { eventId, buttons } = marking;
+  const marked = (value) => buttons.filter((b) => b.dataset.mark === value).map((b) => Number(b.dataset.frameId));
+  const parts = [];
+  const save = byId("mark-save");
+  save.disabled = true;
+  try {
+    for (const [value, how] of [["1", "with"], ["0", "without"]]) {
+      const frames = marked(value);
+      if (!frames.length) continue;
+      const given = await api(`/api/events/${eventId}/feedback`, { method: "POST", json: { value: Number(value), frames } });
+      parts.push(feedbackAnswered(given, how));
+    }
+    setMessage("mark-message", parts.length ? parts.join(" ") : "Mark a frame first: click it.", !parts.length);
+  } catch (err) {
+    setMessage("mark-message", `Not added: ${err.message}`, true);
+  } finally {
+    save.disabled = false;
+  }
+}
+
+function closeMarks() {
+  if (marking) for (const url of marking.urls) URL.revokeObjectURL(url);
+  marking = null;
+  byId("mark-frames").replaceChildren();
 }
 
 /** Tells the studio the dataset's new counts (FeedbackOut); what the feedback did, as text. */
@@ -768,6 +870,8 @@ function init() {
   });
   byId("missed-form").addEventListener("submit", markMissed);
   byId("clip-dialog").addEventListener("close", closeClipVideo);
+  byId("mark-dialog").addEventListener("close", closeMarks);
+  byId("mark-save").addEventListener("click", saveMarks);
   loadArchitectures().catch((error) => setMessage("filter-form-message", error.message, true));
   pollNow();
 }
