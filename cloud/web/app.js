@@ -587,7 +587,9 @@ function markButton(frame, index) {
 
 async function loadMarkImage(current, button, frame) {
   try {
-    const url = URL.createObjectURL(await api(frame.image_url, { as: "blob" }));
+    const blob = await api(frame.image_url, { as: "blob" });
+    if (current !== marking) return; // the dialog was closed meanwhile
+    const url = URL.createObjectURL(blob);
     current.urls.push(url);
     button.firstChild.replaceChildren(el("img", { src: url, alt: `Frame ${frame.frame_index}` }));
   } catch (err) {
