@@ -141,7 +141,7 @@ def test_bad_arguments(tmp_path: Path, kwargs: dict, message: str) -> None:
 
 def test_an_existing_dataset_is_kept_unless_overwritten(tmp_path: Path) -> None:
     first = write_synthetic(tmp_path, n_frames=30, size=(96, 64), seed=1)
-    with pytest.raises(FilterForwardError, match=r"already holds video\.mp4"):
+    with pytest.raises(FilterForwardError, match=r"already holds video\.mp4.*overwrite them \(--force\)"):
         write_synthetic(tmp_path, n_frames=30, size=(96, 64), seed=2)
     assert open_dataset(tmp_path).name == first.name == "synthetic-1"
     assert write_synthetic(tmp_path, n_frames=20, size=(96, 64), seed=2, overwrite=True).n_frames == 20

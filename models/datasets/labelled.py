@@ -252,7 +252,9 @@ def check_output(out_dir: Path, names: list[str], overwrite: bool) -> None:
     """Refuse to clobber a dataset unless asked to; create the folder."""
     existing = [name for name in names if (out_dir / name).exists()]
     if existing and not overwrite:
-        raise FilterForwardError(f"{out_dir} already holds {', '.join(existing)}: choose another folder or overwrite")
+        raise FilterForwardError(
+            f"{out_dir} already holds {', '.join(existing)}: choose another folder or overwrite them (--force)"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
 
 
