@@ -8,6 +8,7 @@ the subset (the first on a tie), then the tap rule. Averaging over every subset,
 pairs, measures what keeping the best of k draws is worth without depending on which seeds were paired.
 
     cd bench && ../.venv/bin/python draw_count.py --seeds 0-5 --sizes half,default
+    cd bench && ../.venv/bin/python draw_count.py --seeds 0-5 --sizes default --context 3   # another neighbourhood
 """
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ WEAK = 0.8  # an outcome below this test event F1 misses issue 9's worst-seed ta
 Outcome = tuple[float, float]  # a draw's cross-validated estimate and its test event F1 as shipped
 
 
-def case_draws(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[int]) -> dict[str, list[Outcome]]:
-    """Candidate -> (estimate, test F1) of its draw from each seed; empty where the case does not cross-validate."""
+def case_draws(
+    case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[int], context: int | None = None
+) -> dict[str, list[Outcome]]:
+    """Candidate -> (estimate, test F1) of its draw from each seed; empty where the case does not cross-validate.
+    `context`: cells around the region (and the peak neighbourhood's reach); None: the default filter's."""
     truth = dataset.labels[case.event][case.train_stop : case.test_stop]
     draws: dict[str, list[Outcome]] = {}
     for candidate in CANDIDATES:
         outcomes = []
         for seed in seeds:
-            config = candidate_config(case, dataset, size, candidate, seed, None)
+            config = candidate_config(case, dataset, size, candidate, seed, context)
             draw = train_draw(case, dataset, config, VARIANTS["as is"])
             if draw.validation is None:
                 return {}
@@ -85,13 +89,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_case_arguments(parser, (0, 1, 2, 3, 4, 5))
+    parser.add_argument("--context", type=int, help="cells around each region (default: the default filter's)")
     args = parser.parse_args(argv)
     if len(args.seeds) < max(COUNTS):
         parser.error(f"--seeds needs at least {max(COUNTS)} seeds")
     for size in args.sizes.split(","):
         cases = {}
         for case in chosen_cases(CASES, args.cases):
-            draws = case_draws(case, open_clip(case_clip(case), args.data), size, args.seeds)
+            draws = case_draws(case, open_clip(case_clip(case), args.data), size, args.seeds, args.context)
             if draws:
                 cases[f"{case.clip} {case.event}"] = draws
                 cells = "  ".join(f"{name} " + ",".join(f"{e:.4f}/{f:.3f}" for e, f in o) for name, o in draws.items())
