@@ -20,7 +20,7 @@ training never saw.
 
 Only clips whose test part holds occurrences on both sides of a cut are used.
 
-    python bench/feedback.py --seeds 0-4 --json bench/out/feedback.json                  # marked per event
+    python bench/feedback.py --seeds 0-4 --json bench/out/feedback-events.json           # marked per event
     python bench/feedback.py --seeds 0-4 --marks frames --json bench/out/feedback-frames.json
 """
 

@@ -518,11 +518,9 @@ function feedbackButtons(event) {
     button.addEventListener("click", () => markEvent(event.id, value, buttons, message));
     return button;
   });
-  const frames = el(
-    "button",
-    { type: "button", class: "secondary small", "data-testid": "event-mark-frames", title: "label its frames one by one" },
-    "Mark frames…",
-  );
+  const title = "label its frames one by one";
+  const attrs = { type: "button", class: "secondary small", "data-testid": "event-mark-frames", title };
+  const frames = el("button", attrs, "Mark frames…");
   frames.addEventListener("click", () => openMarks(gallery.entries.get(event.id)?.event || event));
   return el("div", { class: "event-feedback" }, ...buttons, frames, message);
 }
@@ -575,12 +573,9 @@ async function openMarks(event) {
 
 function markButton(frame, index) {
   const box = el("div", { class: "thumb" }, "…");
-  const button = el(
-    "button",
-    { type: "button", class: "mark-frame", "data-testid": "mark-frame", "data-frame-id": frame.id, "data-mark": "none" },
-    box,
-    el("span", { class: "mark-state" }, `frame ${fmt.count(frame.frame_index)}`),
-  );
+  const attrs = { type: "button", class: "mark-frame", "data-testid": "mark-frame", "data-frame-id": frame.id };
+  const label = el("span", { class: "mark-state" }, `frame ${fmt.count(frame.frame_index)}`);
+  const button = el("button", { ...attrs, "data-mark": "none" }, box, label);
   button.addEventListener("click", (click) => markFrames(index, click.shiftKey));
   return button;
 }
@@ -622,7 +617,8 @@ async function saveMarks() {
     for (const [value, how] of [["1", "with"], ["0", "without"]]) {
       const frames = marked(value);
       if (!frames.length) continue;
-      const given = await api(`/api/events/${eventId}/feedback`, { method: "POST", json: { value: Number(value), frames } });
+      const json = { value: Number(value), frames };
+      const given = await api(`/api/events/${eventId}/feedback`, { method: "POST", json });
       parts.push(feedbackAnswered(given, how));
     }
     setMessage("mark-message", parts.length ? parts.join(" ") : "Mark a frame first: click it.", !parts.length);
