@@ -504,9 +504,11 @@ function createCard(event) {
 // ------------------------------------------------------------------------------------------------ feedback
 
 const FEEDBACK = [
-  [0, "Wrong", "event-wrong", "a false alarm: its frames join the filter's dataset, labelled without the event"],
-  [1, "Right", "event-right", "the event happened: its frames join the filter's dataset, labelled with it"],
+  [0, "Wrong", "event-wrong", "a false alarm: all its frames join the filter's dataset, labelled without the event"],
+  [1, "Right", "event-right", "the event happened: all its frames join the filter's dataset, labelled with it"],
 ];
+// Whole-event marks label the frames of an event that ran past its occurrence wrongly: the buttons say so.
+const PARTLY = " (only some frames show the event? Mark frames…)";
 
 /** "Wrong" and "Right" on an event card: its frames become labels on its filter's dataset (made in the studio).
  * "Mark frames…" labels some of them, one by one: an event that runs past its occurrence, marked "Right" as a whole,
@@ -514,7 +516,8 @@ const FEEDBACK = [
 function feedbackButtons(event) {
   const message = el("p", { class: "message", role: "status", "data-testid": "event-feedback-message" });
   const buttons = FEEDBACK.map(([value, text, testId, title]) => {
-    const button = el("button", { type: "button", class: "secondary small", "data-testid": testId, title }, text);
+    const attrs = { type: "button", class: "secondary small", "data-testid": testId, title: title + PARTLY };
+    const button = el("button", attrs, text);
     button.addEventListener("click", () => markEvent(event.id, value, buttons, message));
     return button;
   });
