@@ -2,7 +2,8 @@
 
 A user who labels one pass of the event and a few frames before it gets a filter that no fold can validate
 (models.training.fold_plan). Its operating point then comes from its own training frames, which it separates at
-almost any threshold. This check ships the same trained model both ways, at the threshold those frames choose
+almost any threshold. This check trains the filter twice from the same seed (the same model: without folds the
+training is deterministic) and ships it both ways, at the threshold those frames choose
 (models.crossval.choose_operating_point, as before 2026-12-05) and at the model's own boundary
 (models.crossval.FINAL_THRESHOLD, k-of-n still from the training frames), and replays both over the case's test
 frames. The cases are bench/tap_rule.py's, each trained only on its first occurrence and the LEAD frames before it
