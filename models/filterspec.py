@@ -101,6 +101,20 @@ class FilterSpec(BaseModel):
     base_model: BaseModelId | None = Field(
         None, description="the base model it was trained on (taps and input size above); null: not recorded"
     )
+    warnings: tuple[WarningText, ...] = Field(
+        (), max_length=16, description="without a validation: why there is no estimate, and what to label"
+    )
+
+    @model_validator(mode="after")
+    def _one_place_for_warnings(self) -> FilterSpec:
+        if self.warnings and self.validation is not None:
+            raise ValueError("warnings go in validation.warnings when the filter has a validation")
+        return self
+
+    @property
+    def caveats(self) -> tuple[str, ...]:
+        """Why the filter may not hold on new footage: its validation's warnings, or why it has no validation."""
+        return self.validation.warnings if self.validation else self.warnings
 
     def applies_to(self, camera: str) -> bool:
         return "*" in self.cameras or camera in self.cameras

@@ -33,7 +33,14 @@ from tqdm import tqdm
 from models.base_identity import identify
 from models.bundle import check_mc_model, write_bundle
 from models.coverage import one_place_warning
-from models.crossval import CrossValidation, FoldPlan, choose_operating_point, plan_folds, summarize
+from models.crossval import (
+    CrossValidation,
+    FoldPlan,
+    choose_operating_point,
+    plan_folds,
+    summarize,
+    unvalidated_warnings,
+)
 from models.curriculum import CurriculumScheduler
 from models.datasets.labelled import UNCERTAIN, LabelledDataset
 from models.errors import FilterForwardError, validation_summary
@@ -376,10 +383,12 @@ def finish_training(
     train_scores = event_f1(data.labels, point.apply(scores), BOUNDARY_TOLERANCE)
     estimate = validation and _with_coverage(validation.validation, model, data, config)
     base = None if config.kind.reads_pixels else identify(base_model_file(model_path))
-    spec = make_spec(config, point.smoothing, estimate, base)
+    n_positive, n_negative = int(data.targets.sum()), int((data.targets == 0).sum())
+    warnings = () if validation else tuple(unvalidated_warnings(n_positive, n_negative))
+    spec = make_spec(config, point.smoothing, estimate, base, warnings)
     bundle = finish_bundle(model, spec, data.crop_chw, _tap_shape(config, model_path), out_dir)
     log.info("trained %s: train event F1 %.3f at threshold %.3g", spec.name, train_scores.f1, point.threshold)
-    return TrainResult(spec, bundle, train_scores, losses, int(data.targets.sum()), int((data.targets == 0).sum()))
+    return TrainResult(spec, bundle, train_scores, losses, n_positive, n_negative)
 
 
 def _with_coverage(
@@ -667,6 +676,7 @@ def make_spec(
     smoothing: Smoothing,
     validation: Validation | None = None,
     base_model: BaseModelId | None = None,
+    warnings: tuple[str, ...] = (),
 ) -> FilterSpec:
     try:
         return FilterSpec(
@@ -680,6 +690,7 @@ def make_spec(
             window=config.window,
             validation=validation,
             base_model=base_model,
+            warnings=warnings,
         )
     except ValidationError as exc:
         raise FilterForwardError(f"the filter spec would not be valid: {validation_summary(exc, 'spec')}") from None

@@ -142,6 +142,11 @@ def test_bad_spec_json_is_refused(tmp_path: Path, localized: tuple[FilterSpec, b
     (tmp_path / SPEC_FILE).write_text(json.dumps({**data, "architecture": "yolo"}))
     with pytest.raises(FilterForwardError, match="architecture: Input should be"):
         load_bundle(tmp_path)
+    estimate = {"event_f1": 0.9, "f1_min": 0.8, "f1_max": 1.0, "precision": 0.9, "event_recall": 1.0, "folds": 3,
+                "occurrences": 3, "method": "occurrences"}  # fmt: skip
+    (tmp_path / SPEC_FILE).write_text(json.dumps({**data, "validation": estimate, "warnings": ["few frames"]}))
+    with pytest.raises(FilterForwardError, match=r"warnings go in validation\.warnings"):
+        load_bundle(tmp_path)
     (tmp_path / SPEC_FILE).write_text("{not json")
     with pytest.raises(FilterForwardError, match="not valid JSON"):
         load_bundle(tmp_path)

@@ -375,6 +375,7 @@ def test_default_training_on_too_few_frames_to_validate_says_what_to_label(
     assert "k-of-n chosen on the training frames, the threshold the model's own" in out
     assert "warning: no cross-validation: the training frames are too few to hold an occurrence" in out
     assert "warning: only 3 frames are without the event: label at least 20" in out
+    assert spec.warnings[0].startswith("no cross-validation") and len(spec.warnings) == 2  # what the cloud shows
 
 
 def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(

@@ -147,6 +147,15 @@ def test_token_and_filter_registration(
     expect(cell).to_have_attribute("title", re.compile(r"3 folds, whole occurrences held out\n⚠ only 12 frames"))
     assert api(cloud, "DELETE", "/api/filters/vetted").status_code == 204
 
+    # One trained on too few frames to cross-validate carries why, and what to label, in its spec instead.
+    advice = ("no cross-validation: the training frames are too few", "only 3 frames are without the event")
+    unvetted = spec.model_copy(update={"name": "unvetted", "warnings": advice})
+    files = {"model": ("unvetted.onnx", onnx, "application/octet-stream")}
+    assert api(cloud, "POST", "/api/filters", data={"spec": unvetted.model_dump_json()}, files=files).status_code == 201
+    cell = page.locator('[data-testid="filter-row"][data-name="unvetted"] [data-field="validation"]')
+    expect(cell).to_have_text("— ⚠ 2")
+    expect(cell).to_have_attribute("title", "trained without cross-validation\n⚠ " + "\n⚠ ".join(advice))
+
 
 def test_live_stats_and_events_without_reload(page: Page, cloud: CloudConfig) -> None:
     from cloud.db import make_engine, session_factory

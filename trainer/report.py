@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from models.crossval import unvalidated_warnings
-
 if TYPE_CHECKING:
     from models.crossval import CrossValidation
     from models.datasets import LabelledDataset
@@ -43,7 +41,6 @@ def make_report(trained: Trained, examples: dict[str, Any], uncertain: list[dict
     """The report the cloud stores with the job (cloud.schemas.TrainingReport)."""
     result, spec = trained.result, trained.result.spec
     validation = spec.validation
-    warnings = list(validation.warnings) if validation else unvalidated_warnings(result.n_positive, result.n_negative)
     return {
         "filter": spec.name,
         "event": spec.event,
@@ -56,7 +53,7 @@ def make_report(trained: Trained, examples: dict[str, Any], uncertain: list[dict
         "steps": len(result.losses),
         "validation": validation.model_dump(mode="json") if validation else None,
         "training_f1": round(float(result.train_scores.f1), 4),
-        "warnings": warnings,
+        "warnings": list(spec.caveats),
         "candidates": [
             {
                 "architecture": c.architecture,

@@ -210,7 +210,7 @@ function filterRow(filter) {
     ),
     el("td", { "data-field": "cameras" }, (spec.cameras || []).join(", ")),
     el("td", { "data-field": "threshold" }, `${smoothing.threshold} · ${smoothing.k}/${smoothing.n}`),
-    validationCell(spec.validation),
+    validationCell(spec.validation, spec.warnings || []),
     el("td", { "data-field": "encoding" }, encodingText(encoding)),
     numCell("version", String(spec.version)),
     numCell("revision", String(filter.revision)),
@@ -226,14 +226,19 @@ function encodingText(encoding) {
 }
 
 /** The cross-validated estimate of a filter on footage it was not trained on (spec.validation), its warnings
- * counted in the cell and listed in the tooltip. */
-function validationCell(validation) {
-  if (!validation) return el("td", { "data-field": "validation", title: "trained without cross-validation" }, "—");
-  const f1 = (value) => value.toFixed(2);
-  const warnings = validation.warnings || [];
-  const held = validation.method === "blocks" ? "thirds of the occurrences' frames" : "whole occurrences";
-  const title = [`${validation.folds} folds, ${held} held out`, ...warnings.map((w) => `⚠ ${w}`)].join("\n");
-  const text = `${f1(validation.event_f1)} (${f1(validation.f1_min)}–${f1(validation.f1_max)})`;
+ * counted in the cell and listed in the tooltip; without an estimate, the spec's warnings say why and what to label. */
+function validationCell(validation, unvalidated) {
+  let warnings = unvalidated;
+  let title = "trained without cross-validation";
+  let text = "—";
+  if (validation) {
+    const f1 = (value) => value.toFixed(2);
+    const held = validation.method === "blocks" ? "thirds of the occurrences' frames" : "whole occurrences";
+    warnings = validation.warnings || [];
+    title = `${validation.folds} folds, ${held} held out`;
+    text = `${f1(validation.event_f1)} (${f1(validation.f1_min)}–${f1(validation.f1_max)})`;
+  }
+  title = [title, ...warnings.map((w) => `⚠ ${w}`)].join("\n");
   return el(
     "td",
     { "data-field": "validation", title, class: warnings.length ? "warn" : null },

@@ -234,8 +234,6 @@ def summary(
     result: TrainResult, frames: tuple[int, int], optimizer: str, nproc: int, own_threshold: bool = False
 ) -> str:
     """What was trained, how it is expected to do on new footage, and what to label next."""
-    from models.crossval import unvalidated_warnings
-
     spec, scores = result.spec, result.train_scores
     lines = [
         f"filter {spec.name}: {spec.architecture} on tap {spec.tap}, region {spec.roi.describe()}, "
@@ -260,8 +258,7 @@ def summary(
         f"on its own training frames: event F1 {scores.f1:.3f} (precision {scores.precision:.3f}, event recall "
         f"{scores.event_recall:.3f}, {scores.n_detected}/{scores.n_events} events)"
     )
-    warnings = validation.warnings if validation else unvalidated_warnings(result.n_positive, result.n_negative)
-    lines += [f"warning: {text}" for text in warnings]
+    lines += [f"warning: {text}" for text in spec.caveats]
     lines.append(f"bundle: {result.bundle}")
     return "\n".join(lines)
 
