@@ -29,12 +29,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from motion import apply_rule, fit_rule, foreground_fractions
+from motion import apply_rule, fit_rule
 
 from edge.replay import EDGE_GATE, replay
 from models.datasets import LabelledDataset, mot_dataset, open_dataset
 from models.errors import FilterForwardError
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
+from models.motion import foreground_fractions
 from models.roi import Polygon
 from models.taps import default_input_size, round_input_size
 
@@ -232,7 +233,7 @@ def motion_rows(dataset: LabelledDataset, clip: Clip) -> list[Row]:
     rows = []
     for event in clip.events:
         started = time.perf_counter()
-        fractions = foreground_fractions(dataset, dataset.roi(event.name))
+        fractions = foreground_fractions(dataset.frames(), dataset.roi(event.name))
         labels = dataset.labels[event.name]
         rule = fit_rule(fractions[: clip.train_stop], labels[: clip.train_stop], BOUNDARY_TOLERANCE)
         seconds = time.perf_counter() - started

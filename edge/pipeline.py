@@ -29,7 +29,8 @@ from edge.sink import MatchedFrame, Sink
 from edge.sources import Frame
 from edge.stream_encoder import StreamEncoder, roi_crop
 from models.basednn import BaseDNN
-from models.filterspec import FilterSpec
+from models.filterspec import MAX_MOTION_FRAMES, FilterSpec
+from models.motion import ForegroundMeter
 from models.smoother import Event, Smoother
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ class _Track:
     smoother: Smoother
     event_id: str | None = None  # the open event, if any
     clip: ClipEncoder | None = None
+    motion: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_MOTION_FRAMES))  # region's, latest last
 
 
 class CameraPipeline:
@@ -126,6 +128,7 @@ class CameraPipeline:
         self._tracks: dict[str, _Track] = {}
         # The last n frames and their scores: the pre-roll sent when an event start is back-dated.
         self._recent: deque[_Recent] = deque(maxlen=1)
+        self._motion: ForegroundMeter | None = None  # the camera's background model, while a filter has a veto
 
     def process(self, frame: Frame) -> dict[str, bool]:
         """Handle one frame; returns, per active filter, whether this frame is positive."""
@@ -137,12 +140,40 @@ class CameraPipeline:
             return {}
         # The gate compares the frame at the base DNN's input size: a thumbnail of a 1080p frame costs 5 ms more
         # than one of the resized frame, which the base DNN needs anyway.
+        still = self._still_regions(frame, mcs)
         prepared = self.base.prepare(frame.image)
         scores = self._reused_scores(prepared, mcs)
         if scores is None:
             scores = self._score(prepared, mcs)
         self._recent.append(_Recent(frame, scores))
-        return self._decide(frame, scores)
+        return self._decide(frame, {name: 0.0 if name in still else score for name, score in scores.items()})
+
+    def warm_up(self, images: Iterable[np.ndarray]) -> None:
+        """Show the motion veto's background model frames from before the first one processed, as a live camera's
+        has seen them (a replay of a clip's later part); nothing else sees them."""
+        if not any(mc.spec.motion for mc in self.bank.active(self.camera)):
+            return
+        self._motion = self._motion or ForegroundMeter()
+        for image in images:
+            self._motion.foreground(image)
+
+    def _still_regions(self, frame: Frame, mcs: tuple[LoadedMC, ...]) -> set[str]:
+        """The filters with a motion veto (FilterSpec.motion) whose region has not moved enough lately: this frame
+        does not count for them. The background model sees every frame, also those the change gate skips."""
+        vetoes = [mc.spec for mc in mcs if mc.spec.motion is not None]
+        if not vetoes:
+            self._motion = None  # a later veto starts from a fresh background model
+            return set()
+        if self._motion is None:
+            self._motion = ForegroundMeter()
+        foreground = self._motion.foreground(frame.image)
+        still = set()
+        for spec in vetoes:
+            recent = self._tracks[spec.name].motion
+            recent.append(self._motion.fraction(foreground, spec.roi))
+            if max(list(recent)[-spec.motion.frames :]) < spec.motion.min_foreground:
+                still.add(spec.name)
+        return still
 
     def _reused_scores(self, prepared: np.ndarray, mcs: tuple[LoadedMC, ...]) -> dict[str, float] | None:
         """The last processed frame's scores when the change gate finds this frame unchanged inside the filters'

@@ -30,6 +30,7 @@ from models.errors import FilterForwardError, validation_summary
 from models.evaluation import EventScores, bandwidth_bps, check_tolerance, event_f1, runs
 from models.filterspec import FilterSpec
 from models.mc_kinds import MCWeights
+from models.motion import HISTORY
 from models.smoother import Event
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,8 @@ def replay(
 ) -> RecordingSink:
     """Run the dataset's frames [start, stop) through a fresh edge pipeline with these filters (the change gate
     at the edge's default settings unless `gate` says otherwise; None: the base DNN on every frame), the MC
-    bank's FC weights as an edge with `mc_weights: weights` runs them."""
+    bank's FC weights as an edge with `mc_weights: weights` runs them. A motion veto's background model first sees
+    the frames before the range, as a live camera's would have."""
     specs = [load_bundle(path) for path in bundles]
     if not specs:
         raise FilterForwardError("no filters to evaluate: pass at least one filter bundle")
@@ -125,6 +127,7 @@ def replay(
     sink = RecordingSink()
     pipeline = CameraPipeline(CAMERA, base, bank, sink, dataset.fps, upload, gate)
     start, stop = frames
+    pipeline.warm_up(image for _, image in dataset.frames(max(0, start - HISTORY), start))
     for index, image in tqdm(
         dataset.frames(start, stop), total=stop - start, disable=not progress, desc="replay", unit="frame"
     ):

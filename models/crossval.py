@@ -205,12 +205,13 @@ def summarize(
     n_positive: int,
     tolerance: int = BOUNDARY_TOLERANCE,
     threshold: float | None = None,
+    point: OperatingPoint | None = None,
 ) -> CrossValidation:
-    """The operating point chosen on the out-of-fold scores, its threshold replaced by `threshold` if given (the
-    final model's own, FINAL_THRESHOLD), and what it scored on each fold.
+    """The operating point chosen on the out-of-fold scores (or `point`, if given), its threshold replaced by
+    `threshold` if given (the final model's own, FINAL_THRESHOLD), and what it scored on each fold.
 
     `scores` and `labels` are indexed by frame (NaN and -1 outside the folds' held-out frames)."""
-    point = choose_operating_point(scores, labels, tolerance)[0].at(threshold)
+    point = (point or choose_operating_point(scores, labels, tolerance)[0]).at(threshold)
     held_out = np.sort(np.concatenate([fold.held_out for fold in plan.folds]))
     pooled = event_f1(labels[held_out], _piecewise(point, scores, held_out), tolerance)
     per_fold = [s.f1 for s in fold_scores(plan, scores, labels, point, tolerance)]

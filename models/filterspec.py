@@ -14,6 +14,7 @@ Architecture = Literal[tuple(MC_KINDS)]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 CameraName = Annotated[str, Field(min_length=1, max_length=128)]
 WarningText = Annotated[str, Field(max_length=2000)]
+MAX_MOTION_FRAMES = 64
 MAX_VERSION = 2**31 - 1  # fits every database's integer column; the registry refuses to bump past it
 
 
@@ -67,6 +68,16 @@ class Validation(BaseModel):
     )
 
 
+class MotionVeto(BaseModel):
+    """A frame counts towards the k-of-n only if the region's share of moving pixels (models/motion.py) reached
+    `min_foreground` in one of its last `frames` frames."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_foreground: float = Field(gt=0.0, le=1.0, description="share of the region's pixels that moved")
+    frames: int = Field(5, ge=1, le=MAX_MOTION_FRAMES, description="frames back the motion may lie")
+
+
 class BaseModelId(BaseModel):
     """The base model whose feature maps an MC reads (models/base_identity.py): an MC's scores mean nothing on
     another model's features, so the edge and the cloud refuse a filter whose base model differs."""
@@ -104,6 +115,7 @@ class FilterSpec(BaseModel):
     warnings: tuple[WarningText, ...] = Field(
         (), max_length=16, description="without a validation: why there is no estimate, and what to label"
     )
+    motion: MotionVeto | None = Field(None, description="the motion the region needs for a frame to count; null: none")
 
     @model_validator(mode="after")
     def _one_place_for_warnings(self) -> FilterSpec:

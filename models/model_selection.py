@@ -11,7 +11,8 @@ DRAWS seeds, keeping its best, and the candidate with the best held-out event F1
 frame from that seed. Near ties go to the earlier candidate. Every candidate is an ensemble of ENSEMBLE seeds
 (models.microclassifiers.Ensemble) and reads cells around the event's region, so that an object beside the
 region, whose response peaks outside it, does not count (models/microclassifiers.py FullFrame): as many cells as
-models.mc_kinds.auto_context gives at the input size, or the region's own if it has more. The trained filter keeps
+models.mc_kinds.auto_context gives at the input size, or the region's own if it has more, and needs motion in the
+region where its training frames always showed some (models/motion.py). The trained filter keeps
 the held-out k-of-n at its own threshold (models.crossval.FINAL_THRESHOLD), and every estimate that chooses a draw
 or a candidate is measured at that operating point: a draw whose fold models find the held-out occurrences only
 below it would ship a filter that misses them (bench README, the selection criterion).
@@ -85,7 +86,8 @@ def choose_kind(
     """Cross-validate each candidate kind (config's architecture and tap are ignored) and pick the best."""
     roi = default_roi(config)
     configs = [
-        dataclasses.replace(config, architecture=arch, tap=tap, ensemble=ENSEMBLE, roi=roi) for arch, tap in CANDIDATES
+        dataclasses.replace(config, architecture=arch, tap=tap, ensemble=ENSEMBLE, roi=roi, motion_veto=True)
+        for arch, tap in CANDIDATES
     ]
     for candidate in configs:
         check_config(dataset, candidate)

@@ -147,6 +147,9 @@ def test_bad_spec_json_is_refused(tmp_path: Path, localized: tuple[FilterSpec, b
     (tmp_path / SPEC_FILE).write_text(json.dumps({**data, "validation": estimate, "warnings": ["few frames"]}))
     with pytest.raises(FilterForwardError, match=r"warnings go in validation\.warnings"):
         load_bundle(tmp_path)
+    (tmp_path / SPEC_FILE).write_text(json.dumps({**data, "motion": {"min_foreground": 0, "frames": 5}}))
+    with pytest.raises(FilterForwardError, match=r"motion\.min_foreground: Input should be greater than 0"):
+        load_bundle(tmp_path)
     (tmp_path / SPEC_FILE).write_text("{not json")
     with pytest.raises(FilterForwardError, match="not valid JSON"):
         load_bundle(tmp_path)

@@ -118,6 +118,9 @@ def test_the_final_model_keeps_the_held_out_k_of_n_at_its_own_threshold_and_is_e
     # ... and its estimate measured there: every held-out frame scores above 0.5, so the filter would fire on all
     assert final.validation.event_f1 < 0.5 and final.validation.precision < 0.5
     assert final.validation.warnings and FINAL_THRESHOLD == 0.5
+    # The same filter with a motion veto that holds back every frame without the event: estimated at the same point.
+    vetoed = summarize(plan, np.where(labels == 1, scores, 0.0), labels, n_positive, point=final.point)
+    assert vetoed.point == final.point and vetoed.validation.event_f1 == 1.0
 
 
 def test_summary_estimates_and_warns_with_frames_to_label() -> None:

@@ -16,7 +16,7 @@ from edge.pipeline import CameraPipeline
 from edge.sink import FolderSink
 from edge.sources import open_source
 from models.basednn import BaseDNN
-from models.filterspec import Encoding
+from models.filterspec import Encoding, MotionVeto
 
 SIZE = (384, 224)
 JPEG = Encoding(kind="jpeg")
@@ -314,3 +314,35 @@ def test_a_new_filter_version_runs_the_base_dnn_again(empty_lot, base, make_filt
     pipeline.process(frames[3])
     assert pipeline.stats.skipped == 2
     sink.close()
+
+
+def test_a_motion_veto_keeps_a_filter_quiet_on_the_still_lot_until_the_car_drives_in(
+    empty_lot, base, make_filter, tmp_path
+) -> None:
+    bank = MCBank(base.taps, SIZE)
+    eager = {"threshold": 0.5, "k": 1, "n": 1}
+    veto = MotionVeto(min_foreground=0.01, frames=5)
+    bank.put(*make_filter("full_frame", "late", SIZE, name="plain", bias=10.0, smoothing=eager, encoding=JPEG))
+    bank.put(*make_filter("full_frame", "late", SIZE, name="moving", bias=10.0, smoothing=eager, encoding=JPEG,
+                          motion=veto))  # fmt: skip
+    sent = {}
+    for warmed in (False, True):
+        sink = FolderSink(tmp_path / str(warmed))
+        pipeline = CameraPipeline("cam", base, bank, sink, 12.0)
+        with open_source(str(empty_lot), pacing="every-frame") as source:
+            frames = list(source)
+        if warmed:  # as a replay of a later part does: the background model has seen the lot before
+            pipeline.warm_up(frame.image for frame in frames[:20])
+        for frame in frames:
+            pipeline.process(frame)
+        pipeline.end_events()
+        sink.close()
+        records = [json.loads(line) for line in (tmp_path / str(warmed) / "events.jsonl").read_text().splitlines()]
+        sent[warmed] = {name: {r["index"] for r in records if r["type"] == "frame" and name in r["scores"]}
+                        for name in ("plain", "moving")}  # fmt: skip
+    for warmed, by_filter in sent.items():
+        assert by_filter["plain"] == set(range(40))
+        # A fresh background model calls its first frame all motion, which stands for the veto's 5 frames.
+        assert not by_filter["moving"] & set(range(5, 24)), (warmed, sorted(by_filter["moving"]))
+        assert len(by_filter["moving"] & set(range(26, 40))) >= 10  # the car drives in from frame 24
+    assert not sent[True]["moving"] & set(range(5))

@@ -359,6 +359,9 @@ def test_default_training_chooses_the_kind_by_cross_validation(
     assert f"event F1 {validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f})" in out
     assert spec.smoothing.threshold == FINAL_THRESHOLD  # the final model's own class boundary, not the fold models'
     assert "k-of-n chosen on the held-out frames, the threshold the model's own" in out
+    # The synthetic objects move on every frame they are in: the filter needs motion in its region too.
+    assert spec.motion is not None and 0 < spec.motion.min_foreground < 0.5
+    assert f"motion veto: a frame counts only if {spec.motion.min_foreground:.2%} of the region's pixels" in out
 
 
 def test_default_training_on_too_few_frames_to_validate_says_what_to_label(

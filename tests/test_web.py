@@ -18,7 +18,7 @@ import pytest
 from cloud_server import READ_WRITE, run_cloud
 
 from cloud.config import CloudConfig
-from models.filterspec import FilterSpec, Validation
+from models.filterspec import FilterSpec, MotionVeto, Validation
 from models.mc_kinds import MC_KINDS
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -149,12 +149,16 @@ def test_token_and_filter_registration(
 
     # One trained on too few frames to cross-validate carries why, and what to label, in its spec instead.
     advice = ("no cross-validation: the training frames are too few", "only 3 frames are without the event")
-    unvetted = spec.model_copy(update={"name": "unvetted", "warnings": advice})
+    moving = MotionVeto(min_foreground=0.0125, frames=5)  # and needs motion in its region: shown with the threshold
+    unvetted = spec.model_copy(update={"name": "unvetted", "warnings": advice, "motion": moving})
     files = {"model": ("unvetted.onnx", onnx, "application/octet-stream")}
     assert api(cloud, "POST", "/api/filters", data={"spec": unvetted.model_dump_json()}, files=files).status_code == 201
     cell = page.locator('[data-testid="filter-row"][data-name="unvetted"] [data-field="validation"]')
     expect(cell).to_have_text("— ⚠ 2")
     expect(cell).to_have_attribute("title", "trained without cross-validation\n⚠ " + "\n⚠ ".join(advice))
+    threshold = page.locator('[data-testid="filter-row"][data-name="unvetted"] [data-field="threshold"]')
+    expect(threshold).to_have_text("0.5 · 3/5 · moving ≥ 1.25%")
+    expect(threshold).to_have_attribute("title", re.compile(r"1\.25% of the region.s pixels moved in its last 5"))
 
 
 def test_live_stats_and_events_without_reload(page: Page, cloud: CloudConfig) -> None:

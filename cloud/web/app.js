@@ -209,13 +209,22 @@ function filterRow(filter) {
       `${spec.tap} @ ${width}×${height}`,
     ),
     el("td", { "data-field": "cameras" }, (spec.cameras || []).join(", ")),
-    el("td", { "data-field": "threshold" }, `${smoothing.threshold} · ${smoothing.k}/${smoothing.n}`),
+    thresholdCell(smoothing, spec.motion),
     validationCell(spec.validation, spec.warnings || []),
     el("td", { "data-field": "encoding" }, encodingText(encoding)),
     numCell("version", String(spec.version)),
     numCell("revision", String(filter.revision)),
     el("td", {}, remove),
   );
+}
+
+/** Threshold and k-of-n, and the motion the region needs for a frame to count (FilterSpec.motion), if any. */
+function thresholdCell(smoothing, motion) {
+  const text = `${smoothing.threshold} · ${smoothing.k}/${smoothing.n}`;
+  if (!motion) return el("td", { "data-field": "threshold" }, text);
+  const share = `${(100 * motion.min_foreground).toFixed(2)}%`;
+  const title = `a frame counts only if ${share} of the region's pixels moved in its last ${motion.frames} frames`;
+  return el("td", { "data-field": "threshold", title }, `${text} · moving ≥ ${share}`);
 }
 
 /** A filter's encoding (FilterSpec.encoding; an old spec without one has the default, the stream). */

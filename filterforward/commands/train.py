@@ -254,6 +254,11 @@ def summary(
     if own_threshold:
         chosen = f"k-of-n {chosen}, the threshold the model's own"
     lines.append(f"threshold {smoothing.threshold:.3g} (k={smoothing.k} of n={smoothing.n}): {chosen}")
+    if spec.motion is not None:
+        lines.append(
+            f"motion veto: a frame counts only if {spec.motion.min_foreground:.2%} of the region's pixels moved in "
+            f"its last {spec.motion.frames} frames (as on nearly every training frame with the event)"
+        )
     lines.append(
         f"on its own training frames: event F1 {scores.f1:.3f} (precision {scores.precision:.3f}, event recall "
         f"{scores.event_recall:.3f}, {scores.n_detected}/{scores.n_events} events)"

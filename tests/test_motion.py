@@ -1,0 +1,39 @@
+"""The motion veto's background model (models/motion.py) on the real car clip, and how the veto is fitted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from models.datasets import open_dataset
+from models.filterspec import MotionVeto
+from models.motion import POSITIVE_QUANTILE, RECENT_FRAMES, fit_veto, foreground_fractions, region_foreground
+from models.roi import ROI
+
+LEFT, RIGHT = ROI(x0=0.0, x1=0.5), ROI(polygon=((0.5, 0.0), (1.0, 0.0), (1.0, 1.0), (0.5, 1.0)))
+
+
+def test_a_region_moves_while_a_car_drives_through_it_and_stays_still_on_the_empty_lot(intel_car: Path) -> None:
+    dataset = open_dataset(intel_car)
+    fractions = foreground_fractions(dataset.frames(0, 80), LEFT)
+    assert fractions[0] == 1.0  # a fresh model has seen nothing: every pixel is new
+    assert fractions[10:50].max() < 0.002  # the empty lot (the first car enters at frame 54)
+    assert fractions[60:80].min() > 0.02  # the white car drives up the left half
+    # The span's frames are those of a model that has watched the frames before it, as a live camera's has.
+    assert np.array_equal(region_foreground(dataset, LEFT, (60, 80)), fractions[60:80])
+    assert region_foreground(dataset, RIGHT, (30, 50)).max() < 0.002
+
+
+def test_the_veto_is_the_floor_nearly_every_positive_frame_reaches_or_none() -> None:
+    fractions = np.linspace(0.01, 0.5, 100)
+    labels = np.ones(100, np.int8)
+    labels[:10] = -1  # uncertain frames do not count
+    veto = fit_veto(fractions, labels)
+    assert veto == MotionVeto(min_foreground=round(float(np.quantile(fractions[10:], POSITIVE_QUANTILE)), 6),
+                              frames=RECENT_FRAMES)  # fmt: skip
+    assert fractions[10] < veto.min_foreground < fractions[12]
+    labels[50:] = 0
+    fractions[10:13] = 0.0  # the event shown without any motion: no veto
+    assert fit_veto(fractions, labels) is None
+    assert fit_veto(fractions, np.zeros(100, np.int8)) is None  # no positive frame
