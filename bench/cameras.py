@@ -49,7 +49,7 @@ from models.bundle import write_bundle
 from models.cache import cache_dir
 from models.datasets.frames import probe, read_frames
 from models.errors import FilterForwardError
-from models.filterspec import FilterSpec, Smoothing
+from models.filterspec import FilterSpec, MotionVeto, Smoothing
 from models.model_selection import CANDIDATES
 from models.taps import default_input_size, round_input_size
 
@@ -77,6 +77,7 @@ class Variant:
     precision: str
     gate: bool
     buffer: int = CameraDefaults.model_fields["buffer_frames"].default
+    veto: bool = False  # every filter has a motion veto, as trained default filters have (their region's MOG2)
 
 
 VARIANTS = (
@@ -88,6 +89,10 @@ VARIANTS = (
     Variant("bf16+gate", "bf16", True),
 )
 DEFAULT_VARIANTS = "fp32,fp32+gate,int8,int8+gate"  # bf16 only where the CPU has it: ask for it by name
+VETO = "+veto"  # a configuration's name + this: its filters carry MOTION_VETO
+# A floor inside the range the development cases' default filters were fitted (0.1-5% of the region's pixels);
+# what it costs (the camera's background model on every frame) does not depend on it.
+MOTION_VETO = MotionVeto(min_foreground=0.01)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -496,11 +501,20 @@ def prepare(settings: Settings, work: Path, hd_source: Path | None) -> Setup:
             del base
             setup.thresholds[key] = [spec.smoothing.threshold for spec in specs]
             setup.bundles[key] = camera_bundles(specs, apps, cameras, work / "filters" / key.replace(" ", "-"))
+            if any(variant.veto for variant in settings.variants):
+                vetoed = [spec.model_copy(update={"motion": MOTION_VETO}) for spec in specs]
+                folder = work / "filters" / f"{key}{VETO}".replace(" ", "-")
+                setup.bundles[key + VETO] = camera_bundles(vetoed, apps, cameras, folder)
     return setup
 
 
 def model_key(precision: str, clip: Path, size: tuple[int, int]) -> str:
     return f"{precision} {clip.parent.name} {size[0]}x{size[1]}"
+
+
+def bundles_of(setup: Setup, variant: Variant, key: str) -> dict[str, list[Path]]:
+    """The filter bundles a configuration runs: those of its base model, with motion vetoes for '+veto'."""
+    return setup.bundles[key + VETO if variant.veto else key]
 
 
 def race(settings: Settings, setup: Setup, clips: list[Path]) -> list[Run]:
@@ -513,7 +527,7 @@ def race(settings: Settings, setup: Setup, clips: list[Path]) -> list[Run]:
         for variant in racing[shift:] + racing[:shift]:
             key = model_key(variant.precision, car, SIZE)
             run = run_edge(
-                variant, setup.models[key], SIZE, clips[:count], setup.bundles[key], settings.warmup,
+                variant, setup.models[key], SIZE, clips[:count], bundles_of(setup, variant, key), settings.warmup,
                 settings.seconds,
             )  # fmt: skip
             runs.append(run)
@@ -534,7 +548,13 @@ def hd_runs(settings: Settings, setup: Setup, clip: Path, source: Path) -> list[
         for variant in settings.variants:
             key = model_key(variant.precision, source, size)
             run = run_edge(
-                variant, setup.models[key], size, [clip], setup.bundles[key], settings.warmup, settings.seconds
+                variant,
+                setup.models[key],
+                size,
+                [clip],
+                bundles_of(setup, variant, key),
+                settings.warmup,
+                settings.seconds,
             )
             runs.append(run)
             log_run(run)
@@ -708,16 +728,18 @@ def default_data() -> Path:
 
 
 def variant_named(text: str) -> Variant:
-    """A configuration by name, with '@F' for F frames queued per camera (int8+gate@2)."""
+    """A configuration by name, with '+veto' for filters with a motion veto and '@F' for F frames queued per camera
+    (int8+gate+veto@2)."""
     name, _, frames = text.partition("@")
+    veto = name.endswith(VETO)
+    name = name.removesuffix(VETO)
     by_name = {v.name: v for v in VARIANTS}
     if name not in by_name:
-        raise ValueError(f"unknown configuration {name!r}; use {', '.join(by_name)}")
-    if not frames:
-        return by_name[name]
-    if not frames.isdigit() or int(frames) < 1:
+        raise ValueError(f"unknown configuration {name!r}; use {', '.join(by_name)}, each optionally with {VETO}")
+    if frames and (not frames.isdigit() or int(frames) < 1):
         raise ValueError(f"configuration {text!r}: the frames after '@' must be a whole number >= 1")
-    return replace(by_name[name], name=text, buffer=int(frames))
+    variant = replace(by_name[name], name=text, veto=veto)
+    return replace(variant, buffer=int(frames)) if frames else variant
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
@@ -739,8 +761,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     parser.add_argument(
         "--configs",
         default=DEFAULT_VARIANTS,
-        help=f"configurations, the first the reference (default {DEFAULT_VARIANTS}; also bf16, bf16+gate; NAME@F: "
-        "each camera queues F frames instead of the edge's default)",
+        help=f"configurations, the first the reference (default {DEFAULT_VARIANTS}; also bf16, bf16+gate; "
+        "NAME+veto: every filter with a motion veto; NAME@F: each camera queues F frames instead of the edge's own)",
     )
     parser.add_argument(
         "--hd-sizes",
