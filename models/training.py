@@ -258,6 +258,9 @@ class TrainResult:
     losses: list[float]
     n_positive: int
     n_negative: int
+    # The cross-validation the estimate came from, the motion veto applied to its held-out scores (None if none ran
+    # in this process): what the studio's example frames are drawn from.
+    validation: CrossValidation | None = None
 
 
 def train_mc(
@@ -422,7 +425,7 @@ def finish_training(
     spec = make_spec(config, point.smoothing, estimate, base, warnings, motion)
     bundle = finish_bundle(model, spec, data.crop_chw, _tap_shape(config, model_path), out_dir)
     log.info("trained %s: train event F1 %.3f at threshold %.3g", spec.name, train_scores.f1, point.threshold)
-    return TrainResult(spec, bundle, train_scores, losses, n_positive, n_negative)
+    return TrainResult(spec, bundle, train_scores, losses, n_positive, n_negative, validation)
 
 
 def _with_coverage(

@@ -39,6 +39,7 @@ from models.training import (
     Logits,
     TrainConfig,
     cross_validate,
+    finish_training,
     fit_mc,
     load_training_data,
     make_optimizer,
@@ -400,6 +401,27 @@ def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(
     assert validation is not None and validation.validation == estimates[best_seed].validation
     assert validation.point == estimates[best_seed].point  # the kept draw's k-of-n goes into the filter ...
     assert validation.point.threshold == FINAL_THRESHOLD  # ... at the final model's own threshold
+
+
+def test_the_motion_veto_is_fitted_on_the_training_frames_and_the_estimate_measured_with_it(
+    clip: LabelledDataset, clip_taps: dict[str, np.ndarray], base_model: Path, tmp_path: Path
+) -> None:
+    config = TrainConfig(event="any_object", architecture="full_frame", tap="late", input_size=CLIP_SIZE,
+                         frames=(0, 240), steps=60, motion_veto=True)  # fmt: skip
+    data = load_training_data(clip, config, base_model, progress=False)
+    assert data.foreground is not None and data.foreground.shape == (240,)
+    validation = cross_validate(data, config, partial(fit_mc, config, progress=False), threshold=FINAL_THRESHOLD)
+    model, losses = fit_mc(config, data, progress=False)
+    result = finish_training(model, data, config, tmp_path / "b", base_model, losses, validation, FINAL_THRESHOLD)
+    assert result.spec.motion is not None  # the synthetic objects always move
+    vetoed = result.validation
+    assert vetoed is not None and vetoed.point == validation.point  # the same operating point ...
+    held_out = np.concatenate([fold.held_out for fold in validation.plan.folds])
+    before, after = validation.scores[held_out], vetoed.scores[held_out]
+    changed = before != after
+    assert changed.any() and np.all(after[changed] == 0.0)  # ... with the frames the veto holds back at 0
+    assert not (data.labels[held_out[changed]] == 1).all()  # (frames without an object, which do not move)
+    assert result.spec.validation.event_f1 == vetoed.validation.event_f1  # the estimate the filter ships with
 
 
 def test_data_that_cannot_be_cross_validated_is_tried_once(

@@ -349,4 +349,4 @@ def _train(
         result = finish_training(model, data, config, out, base_model, losses, validation, own)
     if not candidates:
         candidates = [CandidateEstimate(config.architecture, config.tap_name, result.spec.validation)]
-    return Trained(result, config, data, validation, candidates)
+    return Trained(result, config, data, result.validation or validation, candidates)
