@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import islice
 
 import cv2
 import numpy as np
@@ -171,7 +172,7 @@ class CameraPipeline:
         for spec in vetoes:
             recent = self._tracks[spec.name].motion
             recent.append(self._motion.fraction(foreground, spec.roi))
-            if max(list(recent)[-spec.motion.frames :]) < spec.motion.min_foreground:
+            if max(islice(reversed(recent), spec.motion.frames)) < spec.motion.min_foreground:
                 still.add(spec.name)
         return still
 

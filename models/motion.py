@@ -62,7 +62,7 @@ class ForegroundMeter:
 
     def fraction(self, foreground: np.ndarray, roi: ROI) -> float:
         """The share of the region's pixels that moved."""
-        key = (roi.with_context(0), foreground.shape)
+        key = (roi, foreground.shape)  # per frame and filter: no copy of the ROI (its context does not matter here)
         mask = self._masks.get(key)
         if mask is None:
             mask = self._masks[key] = region_mask(roi, foreground.shape[1], foreground.shape[0])
