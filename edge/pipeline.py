@@ -152,26 +152,35 @@ class CameraPipeline:
     def warm_up(self, images: Iterable[np.ndarray]) -> None:
         """Show the motion veto's background model frames from before the first one processed, as a live camera's
         has seen them (a replay of a clip's later part); nothing else sees them."""
-        if not any(mc.spec.motion for mc in self.bank.active(self.camera)):
+        meter = self._meter([mc.spec for mc in self.bank.active(self.camera) if mc.spec.motion is not None])
+        if meter is None:
             return
-        self._motion = self._motion or ForegroundMeter()
         for image in images:
-            self._motion.foreground(image)
+            meter.foreground(image)
+
+    def _meter(self, vetoes: list[FilterSpec]) -> ForegroundMeter | None:
+        """The background model for these filters' regions; it starts afresh when one lies outside what it models,
+        and is dropped while no filter has a veto."""
+        if not vetoes:
+            self._motion = None
+            return None
+        rois = frozenset(spec.roi for spec in vetoes)
+        if self._motion is None or not rois <= self._motion.rois:
+            self._motion = ForegroundMeter(rois)
+        return self._motion
 
     def _still_regions(self, frame: Frame, mcs: tuple[LoadedMC, ...]) -> set[str]:
         """The filters with a motion veto (FilterSpec.motion) whose region has not moved enough lately: this frame
         does not count for them. The background model sees every frame, also those the change gate skips."""
         vetoes = [mc.spec for mc in mcs if mc.spec.motion is not None]
-        if not vetoes:
-            self._motion = None  # a later veto starts from a fresh background model
+        meter = self._meter(vetoes)
+        if meter is None:
             return set()
-        if self._motion is None:
-            self._motion = ForegroundMeter()
-        foreground = self._motion.foreground(frame.image)
+        foreground = meter.foreground(frame.image)
         still = set()
         for spec in vetoes:
             recent = self._tracks[spec.name].motion
-            recent.append(self._motion.fraction(foreground, spec.roi))
+            recent.append(meter.fraction(foreground, spec.roi))
             if max(islice(reversed(recent), spec.motion.frames)) < spec.motion.min_foreground:
                 still.add(spec.name)
         return still

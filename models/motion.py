@@ -10,6 +10,7 @@ fractions a filter was fitted on are the ones it is judged by.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,7 @@ RECENT_FRAMES = 5  # a frame passes the veto when one of the last this many fram
 # frames of a later span, first show it up to this many frames before (as a live camera's model has seen them):
 # a fresh model calls noise motion for a few dozen frames.
 HISTORY = 500
+OPENING_REACH = 2  # pixels: a 3x3 erosion, then a 3x3 dilation
 
 
 def work_size(frame_size: tuple[int, int]) -> tuple[int, int]:
@@ -47,18 +49,68 @@ def region_mask(roi: ROI, width: int, height: int) -> np.ndarray:
     return roi.contains(xs[None, :], ys[:, None])
 
 
-class ForegroundMeter:
-    """One camera's background model: feed it every frame in order; it says which pixels moved."""
+def modelled_box(rois: Iterable[ROI], size: tuple[int, int]) -> tuple[slice, slice]:
+    """The rows and columns (at work size `size`) that give the regions' pixels the fractions a model of the whole
+    frame would: MOG2 models each pixel alone, and the 3x3 opening reaches 2 pixels, hence the margin."""
+    width, height = size
+    masks = [region_mask(roi, width, height) for roi in rois]
+    ys, xs = np.logical_or.reduce(masks).nonzero() if masks else ((), ())
+    if not len(xs):
+        return slice(0, height), slice(0, width)
+    reach = OPENING_REACH
+    rows = slice(max(0, int(ys.min()) - reach), min(height, int(ys.max()) + 1 + reach))
+    return rows, slice(max(0, int(xs.min()) - reach), min(width, int(xs.max()) + 1 + reach))
 
-    def __init__(self) -> None:
-        self._subtractor = cv2.createBackgroundSubtractorMOG2(history=HISTORY, detectShadows=False)
+
+def source_span(span: slice, source: int, work: int) -> tuple[slice, slice]:
+    """`span` of a work-size axis widened to the pixels whose INTER_AREA resize does not depend on the pixels
+    around them, and the source pixels that resize to it: the resize of that part of the frame equals that part
+    of the whole frame's resize (the scale repeats every source / gcd source pixels)."""
+    period = work // math.gcd(source, work)
+    start, stop = span.start // period * period, min(work, -(-span.stop // period) * period)
+    return slice(start, stop), slice(start * source // work, stop * source // work)
+
+
+class ForegroundMeter:
+    """One camera's background model of the part of its frames that its filters' regions cover (all of it without
+    regions): feed it every frame in order; it says which pixels moved."""
+
+    def __init__(self, rois: Iterable[ROI] = ()) -> None:
+        self.rois = frozenset(rois)
         self._opening = cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (3, 3))
         self._masks: dict[tuple[ROI, tuple[int, int]], np.ndarray] = {}
+        # Set by the first frame (_start): its size, the work size, and the rows and columns modelled at the work
+        # size and in the frame.
+        self._frame_size: tuple[int, int] | None = None
+        self._work_shape = (0, 0)
+        self._box = self._source = (slice(0), slice(0))
+        self._subtractor = cv2.createBackgroundSubtractorMOG2(history=HISTORY, detectShadows=False)
 
     def foreground(self, image: np.ndarray) -> np.ndarray:
-        """The moving pixels of this frame (bool, at the work size); updates the background model."""
-        small = cv2.resize(image, work_size((image.shape[1], image.shape[0])), interpolation=cv2.INTER_AREA)
-        return cv2.morphologyEx(self._subtractor.apply(small), cv2.MORPH_OPEN, self._opening) > 0
+        """The moving pixels of this frame (bool, at the work size; none outside the regions' box); updates the
+        background model."""
+        height, width = image.shape[:2]
+        if (width, height) != self._frame_size:  # a camera that changed resolution starts over
+            self._start(width, height)
+        rows, columns = self._box
+        small = cv2.resize(image[self._source], (columns.stop - columns.start, rows.stop - rows.start),
+                           interpolation=cv2.INTER_AREA)  # fmt: skip
+        moving = np.zeros(self._work_shape, bool)
+        moving[self._box] = cv2.morphologyEx(self._subtractor.apply(small), cv2.MORPH_OPEN, self._opening) > 0
+        return moving
+
+    def _start(self, width: int, height: int) -> None:
+        """A fresh background model of the regions' box in frames of this size."""
+        self._frame_size = width, height
+        work_width, work_height = work_size((width, height))
+        self._work_shape = work_height, work_width
+        rows, columns = modelled_box(self.rois, (work_width, work_height))
+        (rows, source_rows), (columns, source_columns) = (
+            source_span(rows, height, work_height),
+            source_span(columns, width, work_width),
+        )
+        self._box, self._source = (rows, columns), (source_rows, source_columns)
+        self._subtractor = cv2.createBackgroundSubtractorMOG2(history=HISTORY, detectShadows=False)
 
     def fraction(self, foreground: np.ndarray, roi: ROI) -> float:
         """The share of the region's pixels that moved."""
@@ -71,7 +123,7 @@ class ForegroundMeter:
 
 def foreground_fractions(frames: Iterable[tuple[int, np.ndarray]], roi: ROI) -> np.ndarray:
     """The region's foreground fraction of every frame, in the order given (the model learns as it goes)."""
-    meter = ForegroundMeter()
+    meter = ForegroundMeter([roi])
     return np.array([meter.fraction(meter.foreground(image), roi) for _, image in frames])
 
 

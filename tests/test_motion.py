@@ -8,7 +8,15 @@ import numpy as np
 
 from models.datasets import open_dataset
 from models.filterspec import MotionVeto
-from models.motion import POSITIVE_QUANTILE, RECENT_FRAMES, fit_veto, foreground_fractions, region_foreground
+from models.motion import (
+    POSITIVE_QUANTILE,
+    RECENT_FRAMES,
+    ForegroundMeter,
+    fit_veto,
+    foreground_fractions,
+    modelled_box,
+    region_foreground,
+)
 from models.roi import ROI
 
 LEFT, RIGHT = ROI(x0=0.0, x1=0.5), ROI(polygon=((0.5, 0.0), (1.0, 0.0), (1.0, 1.0), (0.5, 1.0)))
@@ -23,6 +31,20 @@ def test_a_region_moves_while_a_car_drives_through_it_and_stays_still_on_the_emp
     # The span's frames are those of a model that has watched the frames before it, as a live camera's has.
     assert np.array_equal(region_foreground(dataset, LEFT, (60, 80)), fractions[60:80])
     assert region_foreground(dataset, RIGHT, (30, 50)).max() < 0.002
+
+
+def test_modelling_only_the_regions_box_gives_the_fractions_of_a_whole_frame_model(intel_car: Path) -> None:
+    corner = ROI(polygon=((0.1, 0.55), (0.45, 0.6), (0.3, 0.95)))
+    whole, boxed = ForegroundMeter(), ForegroundMeter([corner, RIGHT.with_context(1)])
+    for _, image in open_dataset(intel_car).frames(40, 90):  # the white car enters at frame 54
+        expected, moving = whole.foreground(image), boxed.foreground(image)
+        for roi in (corner, RIGHT):
+            assert boxed.fraction(moving, roi) == whole.fraction(expected, roi)
+        assert not moving[:, :40].any()  # left of the regions' box (from x = 48) nothing is modelled
+    # The box at the work size, two pixels of margin for the opening: rows 0.5-0.9 of 270, columns 0.1-0.45 of 480.
+    box = ROI(x0=0.1, y0=0.5, x1=0.45, y1=0.9)
+    assert modelled_box([box], (480, 270)) == (slice(135 - 2, 243 + 2), slice(48 - 2, 216 + 2))
+    assert modelled_box([], (480, 270)) == (slice(0, 270), slice(0, 480))
 
 
 def test_the_veto_is_the_floor_nearly_every_positive_frame_reaches_or_none() -> None:

@@ -17,6 +17,7 @@ from edge.sink import FolderSink
 from edge.sources import open_source
 from models.basednn import BaseDNN
 from models.filterspec import Encoding, MotionVeto
+from models.roi import ROI
 
 SIZE = (384, 224)
 JPEG = Encoding(kind="jpeg")
@@ -346,3 +347,28 @@ def test_a_motion_veto_keeps_a_filter_quiet_on_the_still_lot_until_the_car_drive
         assert not by_filter["moving"] & set(range(5, 24)), (warmed, sorted(by_filter["moving"]))
         assert len(by_filter["moving"] & set(range(26, 40))) >= 10  # the car drives in from frame 24
     assert not sent[True]["moving"] & set(range(5))
+
+
+def test_the_background_model_goes_on_when_a_vetoed_filter_leaves_and_starts_afresh_for_a_region_it_lacks(
+    empty_lot, base, make_filter, tmp_path
+) -> None:
+    bank = MCBank(base.taps, SIZE)
+    vetoed = {"bias": 10.0, "smoothing": {"threshold": 0.5, "k": 1, "n": 1}, "encoding": JPEG,
+              "motion": MotionVeto(min_foreground=0.01, frames=5)}  # fmt: skip
+    bank.put(*make_filter("full_frame", "late", SIZE, name="left", roi=ROI(x0=0.0, x1=0.5), **vetoed))
+    bank.put(*make_filter("full_frame", "late", SIZE, name="right", roi=ROI(x0=0.5, x1=1.0), **vetoed))
+    sink = FolderSink(tmp_path)
+    pipeline = CameraPipeline("cam", base, bank, sink, 12.0)
+    with open_source(str(empty_lot), pacing="every-frame") as source:
+        frames = list(source)[:24]  # the still lot, before the car drives in
+    for frame in frames:
+        if frame.index == 12:  # its region was modelled with the other's: the model goes on
+            bank.remove("right")
+        if frame.index == 18:  # a region outside what the model covers: a fresh one, all motion at first
+            bank.put(*make_filter("full_frame", "late", SIZE, name="top", roi=ROI(y0=0.0, y1=0.3), **vetoed))
+        pipeline.process(frame)
+    sink.close()
+    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    left = {r["index"] for r in records if r["type"] == "frame" and "left" in r["scores"]}
+    assert set(range(5)) <= left and not left & set(range(5, 18)), sorted(left)
+    assert set(range(18, 23)) <= left
