@@ -12,7 +12,15 @@ import pytest
 import yaml
 
 from filterforward.commands import dataset as dataset_command
-from models.datasets import LabelledDataset, Polygon, export_mot, mot_dataset, open_dataset, write_labelled
+from models.datasets import (
+    LabelledDataset,
+    Polygon,
+    edge_crossings,
+    export_mot,
+    mot_dataset,
+    open_dataset,
+    write_labelled,
+)
 from models.datasets.frames import probe, read_frames
 from models.errors import FilterForwardError
 from models.roi import ROI
@@ -111,6 +119,21 @@ def test_mot_region_counts_on_stadtmitte(stadtmitte: Path) -> None:
     assert int((ds.labels["left"] == 1).sum()) == 145
     # Some foot point is above the image's middle row (y + h < 240) on MOT frames 1..85 only (checked with awk).
     assert ds.intervals("top_half") == [(0, 84)]
+
+
+def test_mot_people_who_walk_across_the_picture_edge_in_a_region(stadtmitte: Path) -> None:
+    region = {"left": Polygon.parse("0,0.45 0.2,0.45 0.3,1 0,1")}
+    crossings = edge_crossings(stadtmitte, region)["left"]
+    # Hand-checked on drawn boxes: the woman in red walks out at the left edge after decoded frame 21 (half in view
+    # at 22, a sliver at 24); the man in black walks in there, his legs in view from frame 130, his box from 133.
+    assert [(c.track, c.frame, c.entering) for c in crossings] == [(1, 21, False), (10, 133, True)]
+    plain, marked = mot_dataset(stadtmitte, region), mot_dataset(stadtmitte, region, edge_frames=4)
+    changed = np.flatnonzero(plain.labels["left"] != marked.labels["left"])
+    assert changed.tolist() == [22, 23, 24, 25, 129, 130, 131, 132]
+    assert (marked.labels["left"][changed] == -1).all()
+    assert edge_crossings(stadtmitte, {"top": Polygon.parse("0,0 1,0 1,0.2 0,0.2")}) == {"top": []}
+    with pytest.raises(FilterForwardError, match="edge frames must be 0 or more"):
+        mot_dataset(stadtmitte, region, edge_frames=-1)
 
 
 def test_mot_region_counts_on_campus(campus: Path) -> None:
@@ -337,6 +360,23 @@ def test_cli_info_and_mot(campus: Path, tmp_path: Path, capsys: pytest.CaptureFi
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("left "))
     assert row.split()[:5] == ["left", "50", "21", "0", "2"]
     assert open_dataset(out).events() == ["left"]
+
+
+def test_cli_mot_notes_and_marks_walks_across_the_picture_edge(
+    stadtmitte: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    event = "left=0,0.45 0.2,0.45 0.3,1 0,1"
+    assert _cli("dataset", "mot", str(stadtmitte), "--event", event, "--out", str(tmp_path / "a")) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note.startswith("note: left: 2 people walk in or out across the picture's edge") and "21 out, 133 in" in note
+    assert note.endswith("--edge-frames 8 marks a third of a second of them uncertain")  # 25 fps
+    out = tmp_path / "b"
+    assert _cli("dataset", "mot", str(stadtmitte), "--event", event, "--out", str(out), "--edge-frames", "8") == 0
+    assert capsys.readouterr().out.endswith("so the 8 frames before (after) each are uncertain\n")
+    assert int((open_dataset(out).labels["left"] == -1).sum()) == 16
+    with pytest.raises(FilterForwardError, match="edge frames must be 0 or more"):
+        _cli("dataset", "mot", str(stadtmitte), "--out", str(tmp_path / "c"), "--edge-frames", "-2")
+    assert not (tmp_path / "c").exists()
 
 
 def test_cli_info_on_a_bare_mot_sequence(campus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

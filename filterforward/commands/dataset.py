@@ -10,6 +10,7 @@ from models.errors import FilterForwardError
 
 if TYPE_CHECKING:
     from models.datasets import LabelledDataset, Polygon
+    from models.datasets.mot import EdgeCrossing
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,6 +61,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME=POLYGON",
         help="event and its polygon in normalised coordinates, e.g. 'left=0,0 0.5,0 0.5,1 0,1' "
         "(repeatable; default person_present over the full frame)",
+    )
+    mot.add_argument(
+        "--edge-frames",
+        type=int,
+        default=0,
+        metavar="N",
+        help="label the N frames before a person walks in across the picture's edge (and after one walks out) "
+        "uncertain for the events whose region holds their feet: MOT boxes start only once a person is nearly "
+        "whole in view (default 0: labelled without them)",
     )
     mot.add_argument("--out", type=Path, required=True, help="folder to write labels.csv and dataset.yaml into")
     mot.add_argument("--force", action="store_true", help="overwrite labels.csv/dataset.yaml already in --out")
@@ -113,15 +123,34 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_mot(args: argparse.Namespace) -> int:
-    from models.datasets import export_mot
+    from models.datasets import edge_crossings, export_mot
 
     events = dict(parse_event(text) for text in args.events)
     if len(events) != len(args.events):
         raise FilterForwardError("an event name is given twice: give each --event its own NAME")
-    dataset = export_mot(args.path, args.out, events or None, overwrite=args.force)
+    dataset = export_mot(args.path, args.out, events or None, overwrite=args.force, edge_frames=args.edge_frames)
     print(f"wrote {args.out}")
     print(describe(dataset))
+    for event, crossings in edge_crossings(args.path, events or None).items():
+        if crossings:
+            print(edge_note(event, crossings, args.edge_frames, dataset.fps))
     return 0
+
+
+def edge_note(event: str, crossings: list[EdgeCrossing], edge_frames: int, fps: float) -> str:
+    """What the labels of `event` do with the people who cross the picture's edge inside its region."""
+    frames = ", ".join(f"{c.frame}{' in' if c.entering else ' out'}" for c in crossings[:8])
+    more = f" and {len(crossings) - 8} more" if len(crossings) > 8 else ""
+    done = (
+        f"the {edge_frames} frames before (after) each are uncertain"
+        if edge_frames
+        else f"the frames before (after) each are labelled without them; --edge-frames {max(1, round(fps / 3))} "
+        "marks a third of a second of them uncertain"
+    )
+    return (
+        f"note: {event}: {len(crossings)} people walk in or out across the picture's edge with their feet in the "
+        f"region (frames {frames}{more}); MOT boxes start only once a person is nearly whole in view, so {done}"
+    )
 
 
 def describe(dataset: LabelledDataset) -> str:

@@ -30,6 +30,19 @@ PEDESTRIAN = 1
 NO_CLASS = -1  # MOT15 files, and some converted ones: every box is a pedestrian
 # Person on vehicle, static person, distractor, reflection: MOT's evaluation ignores matches to these.
 DISTRACTOR_CLASSES = (2, 7, 8, 12)
+# A box within this share of the picture's width (height) of its edge touches it: a track that starts or ends with
+# such a box walked in or out across the edge.
+EDGE_SHARE = 0.01
+
+
+@dataclass(frozen=True)
+class EdgeCrossing:
+    """A counted person who walks in (out) across the picture's edge: MOT starts (ends) their track only while they
+    are nearly whole in view, so the frames just before (after) `frame` are labelled without them."""
+
+    track: int
+    frame: int  # 0-based: the track's first frame when entering, its last when leaving
+    entering: bool
 
 
 @dataclass(frozen=True)
@@ -145,26 +158,68 @@ def _foot_points(seq: _Sequence) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(x + w / 2, 0, width - 1) / width, np.clip(y + h, 0, height - 1) / height
 
 
-def _event_labels(seq: _Sequence, events: Mapping[str, Polygon]) -> dict[str, np.ndarray]:
+def _event_labels(seq: _Sequence, events: Mapping[str, Polygon], edge_frames: int = 0) -> dict[str, np.ndarray]:
+    if edge_frames < 0:
+        raise FilterForwardError(
+            f"edge frames must be 0 or more (frames next to a walk across the picture's edge), got {edge_frames}"
+        )
     frame, counted, ignored = _box_kinds(seq)
     foot_x, foot_y = _foot_points(seq)
+    crossings = _crossings(seq) if edge_frames else []
     labels = {}
     for name, polygon in events.items():
         inside = polygon.contains(foot_x, foot_y)
         values = np.zeros(seq.frames.n_frames, dtype=np.int8)
         values[frame[ignored & inside]] = -1
-        values[frame[counted & inside]] = 1  # a counted person outweighs an ignored box
+        for crossing, row in crossings:
+            if inside[row]:
+                first = crossing.frame - edge_frames if crossing.entering else crossing.frame + 1
+                values[max(0, first) : max(0, first + edge_frames)] = -1
+        values[frame[counted & inside]] = 1  # a counted person outweighs an ignored box or a crossing
         labels[check_event_name(name)] = values
     return labels
 
 
-def mot_dataset(path: str | Path, events: Mapping[str, Polygon] | None = None) -> LabelledDataset:
-    """A MOTChallenge sequence with events derived from its gt boxes (default: person_present, full frame)."""
+def _crossings(seq: _Sequence) -> list[tuple[EdgeCrossing, int]]:
+    """Every counted track that starts (ends) with a box at the picture's edge, other than on the clip's first
+    (last) frame, with the row of that box in gt.txt."""
+    frame, counted, _ = _box_kinds(seq)
+    x, y, w, h = (seq.boxes[:, i] for i in range(2, 6))
+    width, height = seq.info.width, seq.info.height
+    margin_x, margin_y = EDGE_SHARE * width, EDGE_SHARE * height
+    at_edge = (x <= margin_x) | (y <= margin_y) | (x + w >= width - margin_x) | (y + h >= height - margin_y)
+    tracks = seq.boxes[:, 1].astype(np.int64)
+    found = []
+    for track in np.unique(tracks[counted]):
+        rows = np.flatnonzero(counted & (tracks == track))
+        rows = rows[np.argsort(frame[rows], kind="stable")]
+        for row, entering in ((rows[0], True), (rows[-1], False)):
+            clip_end = 0 if entering else seq.frames.n_frames - 1
+            if at_edge[row] and frame[row] != clip_end:
+                found.append((EdgeCrossing(int(track), int(frame[row]), entering), int(row)))
+    return sorted(found, key=lambda pair: pair[0].frame)
+
+
+def mot_dataset(path: str | Path, events: Mapping[str, Polygon] | None = None, edge_frames: int = 0) -> LabelledDataset:
+    """A MOTChallenge sequence with events derived from its gt boxes (default: person_present, full frame); the
+    `edge_frames` frames before (after) each of an event's edge crossings are uncertain where no one is counted."""
     seq = _load(path)
-    return _as_dataset(seq, events or DEFAULT_EVENTS)
+    return _as_dataset(seq, events or DEFAULT_EVENTS, edge_frames)
 
 
-def _as_dataset(seq: _Sequence, events: Mapping[str, Polygon]) -> LabelledDataset:
+def edge_crossings(path: str | Path, events: Mapping[str, Polygon] | None = None) -> dict[str, list[EdgeCrossing]]:
+    """Per event, the people who walk in or out across the picture's edge with their foot point in its region."""
+    seq = _load(path)
+    crossings = _crossings(seq)
+    foot_x, foot_y = _foot_points(seq)
+    found = {}
+    for name, polygon in (events or DEFAULT_EVENTS).items():
+        inside = polygon.contains(foot_x, foot_y)
+        found[name] = [crossing for crossing, row in crossings if inside[row]]
+    return found
+
+
+def _as_dataset(seq: _Sequence, events: Mapping[str, Polygon], edge_frames: int) -> LabelledDataset:
     return LabelledDataset(
         root=seq.root,
         name=seq.info.name,
@@ -172,7 +227,7 @@ def _as_dataset(seq: _Sequence, events: Mapping[str, Polygon]) -> LabelledDatase
         fps=seq.frames.fps,
         frame_size=seq.frames.frame_size,
         n_frames=seq.frames.n_frames,
-        labels=_event_labels(seq, events),
+        labels=_event_labels(seq, events, edge_frames),
         regions=dict(events),
     )
 
@@ -182,11 +237,12 @@ def export_mot(
     out_dir: str | Path,
     events: Mapping[str, Polygon] | None = None,
     overwrite: bool = False,
+    edge_frames: int = 0,
 ) -> LabelledDataset:
     """Write a MOT sequence as a labelled folder (labels.csv + dataset.yaml pointing at its frames by
     absolute path; nothing is copied). labels.csv also gets mot_frame and n_persons for reference."""
     seq = _load(path)
-    dataset = _as_dataset(seq, events or DEFAULT_EVENTS)
+    dataset = _as_dataset(seq, events or DEFAULT_EVENTS, edge_frames)
     frame, counted, _ = _box_kinds(seq)
     extra = {
         "mot_frame": np.arange(1, seq.frames.n_frames + 1),
