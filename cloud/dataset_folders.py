@@ -18,13 +18,10 @@ from pathlib import Path
 import yaml
 
 from common.files import write_atomically
+from models.datasets.labelled import CAMERA_FRAME, CONFIG_FILE, FRAME_INDEX, LABELS_FILE
 from models.errors import FilterForwardError
 
 IMAGES = "images"
-LABELS_FILE = "labels.csv"
-CONFIG_FILE = "dataset.yaml"
-FRAME_INDEX = "frame_index"
-CAMERA_FRAME = "camera_frame"  # labels.csv's column of each frame's index in its camera's stream (not an event)
 DIGITS = 6
 
 

@@ -21,11 +21,12 @@ import numpy as np
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from cloud.dataset_folders import CAMERA_FRAME, FRAME_INDEX, DatasetFolders
+from cloud.dataset_folders import DatasetFolders
 from cloud.db import Camera, Dataset, DatasetFrame, Edge, Label, begin_writing
 from cloud.registry import RegistryError
 from common.protocol import FootageHeader, FootageRequest, FootageStatus
 from common.video import even
+from models.datasets.labelled import CAMERA_FRAME, FRAME_INDEX
 from models.roi import polygon_errors
 
 log = logging.getLogger(__name__)

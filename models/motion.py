@@ -33,6 +33,11 @@ RECENT_FRAMES = 5  # a frame passes the veto when one of the last this many fram
 # frames of a later span, first show it up to this many frames before (as a live camera's model has seen them):
 # a fresh model calls noise motion for a few dozen frames.
 HISTORY = 500
+# Frames a fresh model must watch before its fractions are the ones of a model that has watched for long: whatever
+# moves in its first frames is taken for background at first. On the benchmark's clips a fresh model started at
+# frames 100-300 agreed with one that had watched from the clip's start (within 0.005 of the region) after 0-48
+# frames, where it did within 70 (bench README, "The motion veto").
+SETTLE_FRAMES = 50
 OPENING_REACH = 2  # pixels: a 3x3 erosion, then a 3x3 dilation
 
 
@@ -128,25 +133,46 @@ def foreground_fractions(frames: Iterable[tuple[int, np.ndarray]], roi: ROI) -> 
 
 
 def region_foreground(dataset: LabelledDataset, roi: ROI, span: tuple[int, int]) -> np.ndarray:
-    """The region's foreground fraction of every frame of the span (the model warmed up on the HISTORY frames
-    before it); the last few are kept, as the default filter's candidates ask for the same ones."""
-    key = (str(dataset.source), dataset.n_frames, roi.with_context(0), span)
+    """The region's foreground fraction of every frame of the span as a camera's background model sees it, NaN where
+    that cannot be told: where the model had watched fewer than SETTLE_FRAMES consecutive camera frames (the start of
+    a recording, and after every gap of a dataset sampled apart or joined from several times:
+    LabelledDataset.consecutive), whereas a camera's has watched for long. Each run of consecutive frames gets a
+    model of its own, warmed up on up to HISTORY of its frames before the span. The last few are kept, as the
+    default filter's candidates ask for the same ones."""
+    first = max(0, span[0] - HISTORY)
+    follows = dataset.consecutive(first, span[1])
+    key = (str(dataset.source), dataset.n_frames, roi.with_context(0), span, follows.tobytes())
     if key not in _FRACTIONS:
         while len(_FRACTIONS) >= _KEPT:
             _FRACTIONS.pop(next(iter(_FRACTIONS)))
-        first = max(0, span[0] - HISTORY)
-        _FRACTIONS[key] = foreground_fractions(dataset.frames(first, span[1]), roi)[span[0] - first :]
+        _FRACTIONS[key] = _settled_fractions(dataset.frames(first, span[1]), follows, roi)[span[0] - first :]
     return _FRACTIONS[key]
 
 
+def _settled_fractions(frames: Iterable[tuple[int, np.ndarray]], follows: np.ndarray, roi: ROI) -> np.ndarray:
+    """The region's fraction of every frame, a fresh model after each frame that does not follow the one before;
+    NaN on a model's first SETTLE_FRAMES frames."""
+    fractions = np.full(len(follows), np.nan)
+    meter, watched = ForegroundMeter([roi]), 0
+    for position, ((_, image), follow) in enumerate(zip(frames, follows, strict=True)):
+        if not follow and watched:
+            meter, watched = ForegroundMeter([roi]), 0
+        fraction = meter.fraction(meter.foreground(image), roi)
+        if watched >= SETTLE_FRAMES:
+            fractions[position] = fraction
+        watched += 1
+    return fractions
+
+
 _KEPT = 4
-_FRACTIONS: dict[tuple[str, int, ROI, tuple[int, int]], np.ndarray] = {}
+_FRACTIONS: dict[tuple[str, int, ROI, tuple[int, int], bytes], np.ndarray] = {}
 
 
 def fit_veto(fractions: np.ndarray, labels: np.ndarray) -> MotionVeto | None:
     """The veto for frames with these fractions and 0/1/-1 labels; None when the event shows without motion
     (the floor would be 0) or not at all."""
-    positive = np.asarray(fractions)[np.asarray(labels) == 1]
+    fractions = np.asarray(fractions)
+    positive = fractions[(np.asarray(labels) == 1) & np.isfinite(fractions)]
     if not positive.size:
         return None
     floor = float(np.quantile(positive, POSITIVE_QUANTILE))
@@ -155,7 +181,8 @@ def fit_veto(fractions: np.ndarray, labels: np.ndarray) -> MotionVeto | None:
 
 def still(fractions: np.ndarray, veto: MotionVeto | None) -> np.ndarray:
     """Per frame of consecutive `fractions`: whether the veto holds it back (none of its last `veto.frames` frames
-    reached the floor), as the edge decides it frame by frame."""
+    reached the floor), as the edge decides it frame by frame. A frame whose last frames include one of unknown
+    fraction (NaN) is not held back."""
     fractions = np.asarray(fractions, dtype=float)
     if veto is None:
         return np.zeros(fractions.size, bool)

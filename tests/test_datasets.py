@@ -22,6 +22,7 @@ from models.datasets import (
     write_labelled,
 )
 from models.datasets.frames import probe, read_frames
+from models.datasets.labelled import check_event_name
 from models.errors import FilterForwardError
 from models.roi import ROI
 
@@ -207,6 +208,25 @@ def test_rows_past_the_video_are_ignored_with_a_warning(tmp_path: Path, caplog: 
     ds = open_dataset(_image_dataset(tmp_path / "ds", labels))
     assert ds.labels["a"].tolist() == [-1] + [1] * 11
     assert "2 rows are past the last of the 12 decoded frames" in caplog.text
+
+
+def test_the_camera_frame_column_says_which_frames_follow_each_other(tmp_path: Path) -> None:
+    # Footage every other camera frame (0, 2, 4), then frames 9 and 10; frame 5 has no row. Its 0/1 values alone
+    # would pass for an event column: camera_frame never does.
+    labels = "frame_index,a,camera_frame\n0,1,0\n1,1,1\n2,0,4\n3,0,9\n4,1,10\n6,1,11\n7,0,12\n"
+    ds = open_dataset(_image_dataset(tmp_path / "ds", labels))
+    assert ds.events() == ["a"]
+    assert ds.camera_frames.tolist() == [0, 1, 4, 9, 10, -1, 11, 12] + [-1] * 4
+    assert ds.consecutive(0, 8).tolist() == [False, True, False, False, True, False, False, True]
+    assert ds.consecutive(4, 7).tolist() == [False, False, False]
+    plain = open_dataset(_image_dataset(tmp_path / "plain", "frame_index,a\n0,1\n"))
+    assert plain.camera_frames is None and plain.consecutive(2, 5).tolist() == [False, True, True]
+    with pytest.raises(FilterForwardError, match="not allowed"):
+        check_event_name("camera_frame")
+    bad = _image_dataset(tmp_path / "bad", "frame_index,a,camera_frame\n0,1,0\n1,1,x\n")
+    with pytest.raises(FilterForwardError, match=r"camera_frame 'x' of frame 1 is not a whole number") as info:
+        open_dataset(bad)
+    assert "\n" not in str(info.value)
 
 
 def test_uncertain_frames_do_not_split_an_event() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +12,13 @@ from models.filterspec import MotionVeto
 from models.motion import (
     POSITIVE_QUANTILE,
     RECENT_FRAMES,
+    SETTLE_FRAMES,
     ForegroundMeter,
     fit_veto,
     foreground_fractions,
     modelled_box,
     region_foreground,
+    still,
 )
 from models.roi import ROI
 
@@ -28,9 +31,28 @@ def test_a_region_moves_while_a_car_drives_through_it_and_stays_still_on_the_emp
     assert fractions[0] == 1.0  # a fresh model has seen nothing: every pixel is new
     assert fractions[10:50].max() < 0.002  # the empty lot (the first car enters at frame 54)
     assert fractions[60:80].min() > 0.02  # the white car drives up the left half
-    # The span's frames are those of a model that has watched the frames before it, as a live camera's has.
+    # The span's frames are those of a model that has watched the frames before it, as a live camera's has ...
     assert np.array_equal(region_foreground(dataset, LEFT, (60, 80)), fractions[60:80])
-    assert region_foreground(dataset, RIGHT, (30, 50)).max() < 0.002
+    assert region_foreground(dataset, RIGHT, (50, 53)).max() < 0.002
+    # ... for SETTLE_FRAMES frames at least: before that, a fresh model's fractions are unknown (NaN).
+    early = region_foreground(dataset, LEFT, (0, 80))
+    assert np.isnan(early[:SETTLE_FRAMES]).all() and np.array_equal(early[SETTLE_FRAMES:], fractions[SETTLE_FRAMES:])
+
+
+def test_a_dataset_joined_from_several_times_gets_a_fresh_model_after_each_gap(intel_car: Path) -> None:
+    dataset = open_dataset(intel_car)
+    gap = 100  # frames 0-99 of the camera, then its frames from 300 on (frame 100 is camera frame 300)
+    joined = dataclasses.replace(
+        dataset, camera_frames=np.r_[np.arange(gap), np.arange(300, 300 + dataset.n_frames - gap)]
+    )
+    fractions = region_foreground(joined, LEFT, (0, 200))
+    fresh = foreground_fractions(dataset.frames(gap, 200), LEFT)  # a model that starts at the gap
+    assert np.isnan(fractions[gap : gap + SETTLE_FRAMES]).all()
+    assert np.array_equal(fractions[gap + SETTLE_FRAMES :], fresh[SETTLE_FRAMES:])
+    assert np.isfinite(fractions[SETTLE_FRAMES:gap]).all()
+    # Sampled apart (every other camera frame), no frame follows another: nothing is known.
+    assert np.isnan(region_foreground(dataclasses.replace(dataset, camera_frames=2 * np.arange(dataset.n_frames)), LEFT,
+                                      (0, 120))).all()  # fmt: skip
 
 
 def test_modelling_only_the_regions_box_gives_the_fractions_of_a_whole_frame_model(intel_car: Path) -> None:
@@ -59,3 +81,10 @@ def test_the_veto_is_the_floor_nearly_every_positive_frame_reaches_or_none() -> 
     fractions[10:13] = 0.0  # the event shown without any motion: no veto
     assert fit_veto(fractions, labels) is None
     assert fit_veto(fractions, np.zeros(100, np.int8)) is None  # no positive frame
+    assert fit_veto(np.full(100, np.nan), np.ones(100, np.int8)) is None  # no positive frame with a known fraction
+
+
+def test_a_frame_of_unknown_motion_is_not_held_back() -> None:
+    veto = MotionVeto(min_foreground=0.01, frames=2)
+    fractions = np.array([0.0, np.nan, 0.0, 0.0, 0.02, 0.0, 0.0])
+    assert still(fractions, veto).tolist() == [True, False, False, True, False, False, True]

@@ -3,7 +3,8 @@
 labels.csv has `frame_index` (0-based decoded frame) first, then columns. Event columns hold 0, 1 or
 -1 (uncertain); dataset.yaml may list them under `events:`, otherwise every column whose values are
 all 0/1/-1 is an event and the others (counts, ids) are ignored. Frames without a row are uncertain.
-See docs/datasets.md.
+An optional `camera_frame` column (the cloud's datasets write it) gives each frame's index in its camera's stream,
+so frames sampled apart or joined from several times are known not to follow each other. See docs/datasets.md.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from models.roi import FULL_FRAME, ROI, Polygon
 log = logging.getLogger(__name__)
 
 LABELS_FILE = "labels.csv"
+CAMERA_FRAME = "camera_frame"  # labels.csv's optional column of each frame's index in its camera's stream
 CONFIG_FILE = "dataset.yaml"
 FRAME_INDEX = "frame_index"
 UNCERTAIN = -1
@@ -68,9 +70,22 @@ class LabelledDataset:
     n_frames: int
     labels: dict[str, np.ndarray]  # event -> int8 array of length n_frames
     regions: dict[str, Region] = field(default_factory=dict)  # event -> the region it is about
+    # Each frame's index in its camera's stream (-1: unknown); None: the frames follow each other in one stream.
+    camera_frames: np.ndarray | None = None
 
     def events(self) -> list[str]:
         return list(self.labels)
+
+    def consecutive(self, start: int, stop: int) -> np.ndarray:
+        """Per frame of [start, stop): whether it is the camera frame right after the one before it (False for
+        `start`)."""
+        follows = np.zeros(stop - start, bool)
+        if self.camera_frames is None:
+            follows[1:] = True
+        else:
+            frames = self.camera_frames[start:stop]
+            follows[1:] = (np.diff(frames) == 1) & (frames[:-1] >= 0)
+        return follows
 
     def frames(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
         """(index, BGR uint8 frame) for frames start..stop-1, decoded in order."""
@@ -94,9 +109,10 @@ class LabelledDataset:
 
 
 def check_event_name(name: str) -> str:
-    if not _EVENT_NAME.match(name) or name == FRAME_INDEX:
+    if not _EVENT_NAME.match(name) or name in (FRAME_INDEX, CAMERA_FRAME):
         raise FilterForwardError(
-            f"event name {name!r} is not allowed: use letters, digits, '_', '.', '-' (not {FRAME_INDEX!r})"
+            f"event name {name!r} is not allowed: use letters, digits, '_', '.', '-' (not {FRAME_INDEX!r} or "
+            f"{CAMERA_FRAME!r})"
         )
     return name
 
@@ -130,6 +146,7 @@ def open_dataset(path: str | Path) -> LabelledDataset:
         n_frames=info.n_frames,
         labels=labels,
         regions=dict(config.regions),
+        camera_frames=read_camera_frames(labels_path, info.n_frames),
     )
 
 
@@ -180,7 +197,8 @@ def read_labels(path: Path, n_frames: int, events: list[str] | None = None) -> d
     header, rows = _read_csv(path)
     frame_index = _frame_indices(path, rows)
     columns = {name: [row[i] for row in rows] for i, name in enumerate(header) if i > 0}
-    names = events if events is not None else [n for n, values in columns.items() if set(values) <= EVENT_VALUES]
+    detected = [n for n, values in columns.items() if set(values) <= EVENT_VALUES and n != CAMERA_FRAME]
+    names = events if events is not None else detected
     missing = [name for name in names if name not in columns]
     if missing:
         raise FilterForwardError(f"{path} lacks the event columns {missing} named in {CONFIG_FILE}: add or unlist them")
@@ -200,6 +218,25 @@ def read_labels(path: Path, n_frames: int, events: list[str] | None = None) -> d
         labels[name] = np.full(n_frames, UNCERTAIN, dtype=np.int8)
         labels[name][frame_index[inside]] = values[inside]
     return labels
+
+
+def read_camera_frames(path: Path, n_frames: int) -> np.ndarray | None:
+    """labels.csv's camera_frame column over the n_frames frames (-1 where a frame has no row); None without it."""
+    header, rows = _read_csv(path)
+    if CAMERA_FRAME not in header:
+        return None
+    column = header.index(CAMERA_FRAME)
+    frames = np.full(n_frames, -1, np.int64)
+    for index, row in zip(_frame_indices(path, rows).tolist(), rows, strict=True):
+        try:
+            value = int(row[column])
+        except ValueError:
+            raise FilterForwardError(
+                f"{path}: {CAMERA_FRAME} {row[column]!r} of frame {index} is not a whole number: fix or drop the column"
+            ) from None
+        if index < n_frames:
+            frames[index] = value
+    return frames
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
