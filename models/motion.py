@@ -5,7 +5,8 @@ pixels moved in the last few frames, at least as many as moved on nearly every f
 training (`fit_veto`). People who stand behind a shop window the whole time, which the base DNN's features cannot
 tell from people walking in the region, do not move; an event whose training frames show it without motion gets
 no veto (its fitted floor is 0). Training (models.training) and the edge (edge.pipeline) use this one module, so the
-fractions a filter was fitted on are the ones it is judged by.
+fractions a filter was fitted on are the ones it is judged by; training counts only frames a model had watched long
+enough, one camera frame after the other, as a camera's has (`region_foreground`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ HISTORY = 500
 # Frames a fresh model must watch before its fractions are the ones of a model that has watched for long: whatever
 # moves in its first frames is taken for background at first. On the benchmark's clips a fresh model started at
 # frames 100-300 agreed with one that had watched from the clip's start (within 0.005 of the region) after 0-48
-# frames, where it did within 70 (bench README, "The motion veto").
+# frames, where it did within 70 (bench/veto_fit.py).
 SETTLE_FRAMES = 50
 OPENING_REACH = 2  # pixels: a 3x3 erosion, then a 3x3 dilation
 
