@@ -74,6 +74,7 @@ def test_eval_command_prints_the_table_and_writes_json(intel_car: Path, red_filt
         (["--filter", "{red}", "--crf", "99"], "crf: Input should be less than or equal to 51"),
         (["--filter", "{red}", "--tolerance", "-1"], "boundary tolerance must be >= 0 frames, got -1"),
         (["--filter", "{red}", "--json", "{red}"], "is a folder, not a file: give a file path"),
+        (["--filter", "{red}", "--json", "/proc/no-such/report.json"], "report.json cannot be written: /proc "),
     ],
 )
 def test_eval_bad_input_is_one_line(intel_car: Path, red_filter: Path, args: list[str], message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from models.errors import FilterForwardError
@@ -50,3 +51,10 @@ def check_writable(path: Path, option: str, folder: bool) -> None:
     existing = next(p for p in (place, *place.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise FilterForwardError(f"{option} {path} cannot be written: {existing} is not a folder you can write in")
+    try:  # permissions say nothing to root, nor of read-only mounts and pseudo-filesystems: try it
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError:
+        raise FilterForwardError(
+            f"{option} {path} cannot be written: {existing} takes no new files: give another path"
+        ) from None
