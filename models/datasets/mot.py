@@ -2,7 +2,9 @@
 
 An event "a person's bottom-centre is inside this polygon" is 1 on a frame when a counted pedestrian's
 foot point lies in the polygon, -1 (uncertain) when only boxes MOT's evaluation ignores lie there
-(consider flag 0, or the distractor classes), else 0. MOT frame f is decoded frame f-1.
+(consider flag 0, or the distractor classes), else 0. MOT frame f is decoded frame f-1. MOT starts a person's
+track only once they are nearly whole in view: `edge_crossings` lists the walks across the picture's edge, and
+`edge_frames` labels the frames next to them uncertain.
 
 gt.txt layouts: MOT15 has 10 columns (frame, id, x, y, w, h, flag, world x/y/z) and only pedestrians;
 MOT16/17/20 have 9 (frame, id, x, y, w, h, flag, class, visibility) with class 1 = pedestrian.
