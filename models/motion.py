@@ -180,6 +180,20 @@ def fit_veto(fractions: np.ndarray, labels: np.ndarray) -> MotionVeto | None:
     return MotionVeto(min_foreground=round(floor, 6), frames=RECENT_FRAMES) if floor > 0 else None
 
 
+def no_veto_reason(fractions: np.ndarray, labels: np.ndarray) -> str:
+    """Why `fit_veto` gave these frames no veto, and what would give one: for the training summary."""
+    fractions, labels = np.asarray(fractions), np.asarray(labels)
+    if not (labels == 1).any():
+        return "no training frame shows the event"
+    if not np.isfinite(fractions[labels == 1]).any():
+        return (
+            f"no frame with the event comes after {SETTLE_FRAMES} consecutive camera frames (footage sampled apart, "
+            f"or the event only in a recording's first {SETTLE_FRAMES} frames), so its motion on the camera is "
+            f"unknown: for a veto, label the event on footage of every frame, past the footage's first {SETTLE_FRAMES}"
+        )
+    return "the event shows without motion in the region on some of its training frames (people standing in it)"
+
+
 def still(fractions: np.ndarray, veto: MotionVeto | None) -> np.ndarray:
     """Per frame of consecutive `fractions`: whether the veto holds it back (none of its last `veto.frames` frames
     reached the floor), as the edge decides it frame by frame. A frame whose last frames include one of unknown

@@ -50,7 +50,7 @@ from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec, MotionVeto,
 from models.mc_export import export_mc, verify_export
 from models.mc_kinds import MC_KINDS, MCKind
 from models.microclassifiers import Ensemble, MicroClassifier, build_mc
-from models.motion import fit_veto, region_foreground, still
+from models.motion import fit_veto, no_veto_reason, region_foreground, still
 from models.optimizer_kinds import OPTIMIZERS
 from models.roi import FULL_FRAME, ROI
 from models.taps import PIXEL_TAP, PIXELS, round_input_size
@@ -261,6 +261,7 @@ class TrainResult:
     # The cross-validation the estimate came from, the motion veto applied to its held-out scores (None if none ran
     # in this process): what the studio's example frames are drawn from.
     validation: CrossValidation | None = None
+    no_veto: str | None = None  # why a filter that was to carry a motion veto (TrainConfig.motion_veto) has none
 
 
 def train_mc(
@@ -425,7 +426,8 @@ def finish_training(
     spec = make_spec(config, point.smoothing, estimate, base, warnings, motion)
     bundle = finish_bundle(model, spec, data.crop_chw, _tap_shape(config, model_path), out_dir)
     log.info("trained %s: train event F1 %.3f at threshold %.3g", spec.name, train_scores.f1, point.threshold)
-    return TrainResult(spec, bundle, train_scores, losses, n_positive, n_negative, validation)
+    no_veto = None if motion or data.foreground is None else no_veto_reason(data.foreground, data.labels)
+    return TrainResult(spec, bundle, train_scores, losses, n_positive, n_negative, validation, no_veto)
 
 
 def _with_coverage(

@@ -17,6 +17,7 @@ from models.motion import (
     fit_veto,
     foreground_fractions,
     modelled_box,
+    no_veto_reason,
     region_foreground,
     still,
 )
@@ -82,6 +83,13 @@ def test_the_veto_is_the_floor_nearly_every_positive_frame_reaches_or_none() -> 
     assert fit_veto(fractions, labels) is None
     assert fit_veto(fractions, np.zeros(100, np.int8)) is None  # no positive frame
     assert fit_veto(np.full(100, np.nan), np.ones(100, np.int8)) is None  # no positive frame with a known fraction
+
+
+def test_why_a_filter_gets_no_veto() -> None:
+    labels = np.array([0, 1, 1, 0], np.int8)
+    assert "shows the event" in no_veto_reason(np.full(4, 0.1), np.zeros(4, np.int8))
+    assert "consecutive camera frames" in no_veto_reason(np.array([0.1, np.nan, np.nan, 0.1]), labels)
+    assert "without motion" in no_veto_reason(np.array([0.1, 0.0, 0.2, 0.1]), labels)
 
 
 def test_a_frame_of_unknown_motion_is_not_held_back() -> None:

@@ -432,6 +432,8 @@ def test_the_motion_veto_is_fitted_on_the_training_frames_and_the_estimate_measu
         model, sampled_data, config, tmp_path / "s", base_model, losses, validation, FINAL_THRESHOLD
     )
     assert unvetoed.spec.motion is None
+    assert unvetoed.no_veto is not None and "consecutive camera frames" in unvetoed.no_veto
+    assert result.no_veto is None
 
 
 def test_data_that_cannot_be_cross_validated_is_tried_once(

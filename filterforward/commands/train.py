@@ -259,6 +259,8 @@ def summary(
             f"motion veto: a frame counts only if {spec.motion.min_foreground:.2%} of the region's pixels moved in "
             f"its last {spec.motion.frames} frames (as on nearly every training frame with the event)"
         )
+    elif result.no_veto:
+        lines.append(f"motion veto: none, {result.no_veto}")
     lines.append(
         f"on its own training frames: event F1 {scores.f1:.3f} (precision {scores.precision:.3f}, event recall "
         f"{scores.event_recall:.3f}, {scores.n_detected}/{scores.n_events} events)"
