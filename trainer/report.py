@@ -53,7 +53,7 @@ def make_report(trained: Trained, examples: dict[str, Any], uncertain: list[dict
         "steps": len(result.losses),
         "validation": validation.model_dump(mode="json") if validation else None,
         "training_f1": round(float(result.train_scores.f1), 4),
-        "warnings": list(spec.caveats),
+        "warnings": [*spec.caveats, *([f"no motion veto: {result.no_veto}"] if result.no_veto else [])],
         "candidates": [
             {
                 "architecture": c.architecture,
