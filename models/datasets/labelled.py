@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import yaml
@@ -133,7 +134,8 @@ def open_dataset(path: str | Path) -> LabelledDataset:
     config = _read_config(root)
     source = _find_source(root, config)
     info = probe(source, config.fps)
-    labels = read_labels(labels_path, info.n_frames, config.events)
+    table = read_table(labels_path)
+    labels = read_labels(table, info.n_frames, config.events)
     unknown = sorted(set(config.regions) - set(labels))
     if unknown:
         raise FilterForwardError(f"{root / CONFIG_FILE} has regions for {unknown}, which are no events: remove them")
@@ -146,7 +148,7 @@ def open_dataset(path: str | Path) -> LabelledDataset:
         n_frames=info.n_frames,
         labels=labels,
         regions=dict(config.regions),
-        camera_frames=read_camera_frames(labels_path, info.n_frames),
+        camera_frames=read_camera_frames(table, info.n_frames),
     )
 
 
@@ -192,10 +194,23 @@ def _find_source(root: Path, config: DatasetConfig) -> Path:
     raise FilterForwardError(f"{root} holds several frame sources ({names}): name one in {CONFIG_FILE}")
 
 
-def read_labels(path: Path, n_frames: int, events: list[str] | None = None) -> dict[str, np.ndarray]:
-    """Event columns of a labels.csv as int8 arrays of length n_frames (-1 where a frame has no row)."""
+class Table(NamedTuple):
+    """labels.csv, read once: its header, its rows and each row's frame_index."""
+
+    path: Path
+    header: list[str]
+    rows: list[list[str]]
+    frame_index: np.ndarray
+
+
+def read_table(path: Path) -> Table:
     header, rows = _read_csv(path)
-    frame_index = _frame_indices(path, rows)
+    return Table(path, header, rows, _frame_indices(path, rows))
+
+
+def read_labels(table: Table, n_frames: int, events: list[str] | None = None) -> dict[str, np.ndarray]:
+    """Event columns of a labels.csv as int8 arrays of length n_frames (-1 where a frame has no row)."""
+    path, header, rows, frame_index = table
     columns = {name: [row[i] for row in rows] for i, name in enumerate(header) if i > 0}
     detected = [n for n, values in columns.items() if set(values) <= EVENT_VALUES and n != CAMERA_FRAME]
     names = events if events is not None else detected
@@ -220,14 +235,14 @@ def read_labels(path: Path, n_frames: int, events: list[str] | None = None) -> d
     return labels
 
 
-def read_camera_frames(path: Path, n_frames: int) -> np.ndarray | None:
+def read_camera_frames(table: Table, n_frames: int) -> np.ndarray | None:
     """labels.csv's camera_frame column over the n_frames frames (-1 where a frame has no row); None without it."""
-    header, rows = _read_csv(path)
+    path, header, rows, frame_index = table
     if CAMERA_FRAME not in header:
         return None
     column = header.index(CAMERA_FRAME)
     frames = np.full(n_frames, -1, np.int64)
-    for index, row in zip(_frame_indices(path, rows).tolist(), rows, strict=True):
+    for index, row in zip(frame_index.tolist(), rows, strict=True):
         try:
             value = int(row[column])
         except ValueError:

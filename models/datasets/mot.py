@@ -167,7 +167,7 @@ def _event_labels(seq: _Sequence, events: Mapping[str, Polygon], edge_frames: in
         )
     frame, counted, ignored = _box_kinds(seq)
     foot_x, foot_y = _foot_points(seq)
-    crossings = _crossings(seq) if edge_frames else []
+    crossings = _crossings(seq, frame, counted) if edge_frames else []
     labels = {}
     for name, polygon in events.items():
         inside = polygon.contains(foot_x, foot_y)
@@ -182,10 +182,9 @@ def _event_labels(seq: _Sequence, events: Mapping[str, Polygon], edge_frames: in
     return labels
 
 
-def _crossings(seq: _Sequence) -> list[tuple[EdgeCrossing, int]]:
+def _crossings(seq: _Sequence, frame: np.ndarray, counted: np.ndarray) -> list[tuple[EdgeCrossing, int]]:
     """Every counted track that starts (ends) with a box at the picture's edge, other than on the clip's first
-    (last) frame, with the row of that box in gt.txt."""
-    frame, counted, _ = _box_kinds(seq)
+    (last) frame, with the row of that box in gt.txt (`frame`, `counted`: _box_kinds)."""
     x, y, w, h = (seq.boxes[:, i] for i in range(2, 6))
     width, height = seq.info.width, seq.info.height
     margin_x, margin_y = EDGE_SHARE * width, EDGE_SHARE * height
@@ -212,7 +211,8 @@ def mot_dataset(path: str | Path, events: Mapping[str, Polygon] | None = None, e
 def edge_crossings(path: str | Path, events: Mapping[str, Polygon] | None = None) -> dict[str, list[EdgeCrossing]]:
     """Per event, the people who walk in or out across the picture's edge with their foot point in its region."""
     seq = _load(path)
-    crossings = _crossings(seq)
+    frame, counted, _ = _box_kinds(seq)
+    crossings = _crossings(seq, frame, counted)
     foot_x, foot_y = _foot_points(seq)
     found = {}
     for name, polygon in (events or DEFAULT_EVENTS).items():
