@@ -74,7 +74,7 @@ def cached_features(
         input_size = check_input_size(tuple(input_size))
     except ValueError as exc:
         raise FilterForwardError(str(exc)) from None
-    start, stop = _checked_range(dataset, frames)
+    start, stop = checked_range(dataset, frames)
     needs_model = any(r.tap != PIXELS for r in requests)
     model_digest = file_digest(base_model_file(model_path)) if needs_model else ""
     # Pixel crops do not depend on the base model (it only resizes them), so their key leaves it out.
@@ -121,7 +121,8 @@ def base_model_file(model_path: Path | None) -> Path:
     return Path(model_path)
 
 
-def _checked_range(dataset: LabelledDataset, frames: tuple[int, int] | None) -> tuple[int, int]:
+def checked_range(dataset: LabelledDataset, frames: tuple[int, int] | None) -> tuple[int, int]:
+    """The [start, stop) range of frames (all of them for None), refused when it leaves the dataset."""
     start, stop = frames if frames is not None else (0, dataset.n_frames)
     if not 0 <= start < stop <= dataset.n_frames:
         raise FilterForwardError(

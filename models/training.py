@@ -45,7 +45,7 @@ from models.curriculum import CurriculumScheduler
 from models.datasets.labelled import UNCERTAIN, LabelledDataset
 from models.errors import FilterForwardError, validation_summary
 from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1
-from models.features import FeatureRequest, base_model_file, cached_features
+from models.features import FeatureRequest, base_model_file, cached_features, checked_range
 from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec, MotionVeto, Smoothing, Validation
 from models.mc_export import export_mc, verify_export
 from models.mc_kinds import MC_KINDS, MCKind
@@ -496,6 +496,19 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
         )
     if config.seed < 0:
         raise FilterForwardError(f"the seed must be 0 or more, got {config.seed}")
+    check_labels(dataset, config)
+
+
+def check_labels(dataset: LabelledDataset, config: TrainConfig) -> None:
+    """The training range needs positive and negative frames: checked before the base DNN runs over it."""
+    start, stop = checked_range(dataset, config.frames)
+    labels = dataset.labels[config.event][start:stop]
+    n_positive, n_negative = int((labels == 1).sum()), int((labels == 0).sum())
+    if n_positive == 0 or n_negative == 0:
+        raise FilterForwardError(
+            f"event {config.event!r} has {n_positive} positive and {n_negative} negative frames in frames "
+            f"{start}:{stop} of {dataset.name}: pick a training range with both"
+        )
 
 
 def check_curricula(config: TrainConfig) -> None:
@@ -546,12 +559,6 @@ def load_training_data(
     labels = dataset.labels[config.event][start:stop]
     certain = np.flatnonzero(labels != UNCERTAIN)
     targets = (labels[certain] == 1).astype(np.float32)
-    n_positive, n_negative = int(targets.sum()), int((targets == 0).sum())
-    if n_positive == 0 or n_negative == 0:
-        raise FilterForwardError(
-            f"event {config.event!r} has {n_positive} positive and {n_negative} negative frames in frames "
-            f"{start}:{stop} of {dataset.name}: pick a training range with both"
-        )
     tap_shape = _tap_shape(config, model_path)
     mask = config.roi.cell_mask(*tap_shape[1:])
     cells_last = channels_last(features) if config.context == 1 else None

@@ -281,6 +281,9 @@ def test_files_that_are_not_utf8_are_reported(tmp_path: Path) -> None:
 def test_missing_folder_and_missing_labels(tmp_path: Path) -> None:
     with pytest.raises(FilterForwardError, match="does not exist"):
         open_dataset(tmp_path / "nope")
+    (tmp_path / "a-file").write_text("frame_index\n")
+    with pytest.raises(FilterForwardError, match=r"a-file is a file, not a folder: give a folder holding labels\.csv"):
+        open_dataset(tmp_path / "a-file")
     _write_images(tmp_path / "bare" / "frames", 2)
     with pytest.raises(FilterForwardError, match=r"has no labels\.csv"):
         open_dataset(tmp_path / "bare")
@@ -419,3 +422,6 @@ def test_cli_mot_bad_events(campus: Path, tmp_path: Path, event: str, message: s
 def test_cli_mot_needs_a_mot_folder(tmp_path: Path) -> None:
     with pytest.raises(FilterForwardError, match=r"no seqinfo\.ini"):
         _cli("dataset", "mot", str(tmp_path), "--out", str(tmp_path / "x"))
+    (tmp_path / "seq.txt").write_text("not a sequence\n")
+    with pytest.raises(FilterForwardError, match=r"seq\.txt is a file, not a folder: give the folder with seqinfo"):
+        _cli("dataset", "mot", str(tmp_path / "seq.txt"), "--out", str(tmp_path / "x"))

@@ -270,6 +270,19 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     assert "--out " + str(tmp_path / "a-file") + " is a file, not a folder" in capsys.readouterr().err
 
 
+def test_a_range_without_both_labels_is_refused_before_the_base_dnn_runs(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default filter (both taps, cross-validation) finds out from the labels, not after caching features."""
+    from models.model_selection import train_default
+
+    monkeypatch.setenv("FILTERFORWARD_CACHE", str(tmp_path / "cache"))
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 5))
+    with pytest.raises(FilterForwardError, match=r"has 0 positive and 5 negative frames in frames 0:5"):
+        train_default(tiny, config, tmp_path / "out", base_model, progress=False)
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
 def test_bad_training_requests_are_explained(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
     def train(**changes: object) -> None:
         config = TrainConfig(

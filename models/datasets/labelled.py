@@ -122,7 +122,8 @@ def open_dataset(path: str | Path) -> LabelledDataset:
     """Open a labelled dataset folder (labels.csv + a video or image folder, optional dataset.yaml)."""
     root = Path(path).expanduser()
     if not root.is_dir():
-        raise FilterForwardError(f"dataset folder {root} does not exist: give a folder holding {LABELS_FILE}")
+        state = "is a file, not a folder" if root.exists() else "does not exist"
+        raise FilterForwardError(f"dataset folder {root} {state}: give a folder holding {LABELS_FILE}")
     labels_path = root / LABELS_FILE
     if not labels_path.is_file():
         hint = (

@@ -122,7 +122,8 @@ def _find_source(root: Path, info: SeqInfo) -> Path:
 def _load(path: str | Path) -> _Sequence:
     root = Path(path).expanduser()
     if not root.is_dir():
-        raise FilterForwardError(f"MOT sequence folder {root} does not exist: give the folder with seqinfo.ini")
+        state = "is a file, not a folder" if root.exists() else "does not exist"
+        raise FilterForwardError(f"MOT sequence folder {root} {state}: give the folder with seqinfo.ini")
     info = read_seqinfo(root)
     source = _find_source(root, info)
     frames = probe(source, info.fps)
