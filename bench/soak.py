@@ -4,8 +4,9 @@ Everything runs as the operator would run it, as separate processes on loopback:
 real intel-car clip (GStreamer RTSP servers, tests/rtsp_server.py under Debian's python3, or
 `filterforward camera serve` MJPEG cameras), `filterforward cloud serve` with CURVE keys made by
 `filterforward keys create`, and one `filterforward edge run` on the three cameras. Two filters are registered
-over REST: the red-vehicle MC trained by `filterforward train` (an event per loop of the clip on every camera)
-and an exported MC whose output bias makes it fire on every frame, so every processed frame goes to the cloud.
+over REST: the red-vehicle filter trained by `filterforward train` (the default filter unless --arch names an MC
+kind; an event per loop of the clip on every camera) and an exported MC whose output bias makes it fire on every
+frame, so every processed frame goes to the cloud.
 
 Every --interval seconds it samples each camera's fps (the edge's stats as the cloud's /api/cameras shows them),
 the edge's and the cloud's RSS and CPU (/proc), the edge's spool depth (/api/edges) and the frames stored. At the
@@ -44,6 +45,7 @@ from cloud_process import START_TIMEOUT_S, free_port, wait_healthy, write_cloud_
 from cloud.config import load_cloud_config
 from cloud.db import Event, Received, StoredFrame, make_engine
 from edge.spool import Spool
+from models.mc_kinds import MC_KINDS
 
 log = logging.getLogger("bench.soak")
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +55,7 @@ RTSP_PACKAGES = "gstreamer1.0-rtsp gir1.2-gst-rtsp-server-1.0 python3-gi python3
 EDGE_ID = "soak-edge"
 TOKEN = "soak-operator-token-0123456789"
 RED, ALWAYS = "red-car", "always"
+DEFAULT_FILTER = "default"  # `filterforward train` without --arch
 TRAIN_FRAMES = "0:212"  # the split of the README's red-vehicle result
 SPOOL_BYTES = 2**30
 STEADY_FPS = 0.9  # a camera is steady when every sample after the warm-up is at least this share of its clip's fps
@@ -218,14 +221,15 @@ def write_edge_config(work: Path, keys: Path, cloud: Cloud, urls: list[str], arg
 # The filters
 
 
-def train_red(dataset: Path, input_size: tuple[int, int], work: Path) -> Path:
+def train_red(dataset: Path, input_size: tuple[int, int], arch: str, work: Path) -> Path:
+    """The red-vehicle filter as `filterforward train` makes it: the default filter, or one MC kind (--arch)."""
     out = work / "red"
     size = "x".join(map(str, input_size))
     command = filterforward(
-        "train", str(dataset), "--event", "red_vehicle_present", "--arch", "full_frame",
-        "--input-size", size, "--frames", TRAIN_FRAMES, "--out", str(out),
+        "train", str(dataset), "--event", "red_vehicle_present", "--input-size", size,
+        "--frames", TRAIN_FRAMES, "--out", str(out), *(() if arch == DEFAULT_FILTER else ("--arch", arch)),
     )  # fmt: skip
-    run_command(command, "training the red-vehicle MC")
+    run_command(command, f"training the red-vehicle filter ({arch})")
     return out
 
 
@@ -447,7 +451,8 @@ VERDICT = {True: "ok", False: "FAILED", None: f"n/a (under {MEMORY_WINDOW_S:g} s
 def print_table(summary: dict, meta: dict) -> None:
     print(
         f"\nsoak: {meta['cameras']} {meta['camera_kind']} cameras looping {meta['clip']} ({summary['clip_fps']:g} fps)"
-        f" on one edge at {meta['input_size']}, {meta['seconds'] / 60:g} min, warm-up {meta['warmup']:g} s;"
+        f" on one edge at {meta['input_size']} (red-vehicle filter: {meta['arch']}), {meta['seconds'] / 60:g} min,"
+        f" warm-up {meta['warmup']:g} s;"
         f" {meta['cpus']} CPUs, load average {meta['load_before']} before, {meta['load_after']} after"
     )
     print(f"{'camera':<8} {'fps min':>8} {'mean':>7} {'max':>7} {'dropped':>14} {'decode ms':>10}  steady")
@@ -521,8 +526,9 @@ def clip_fps(clip: Path) -> float:
 def run(args: argparse.Namespace, work: Path) -> tuple[list[Sample], Delivery]:
     processes = Processes()
     try:
-        log.info("training the red-vehicle MC and exporting the always-firing one")
-        red, always = train_red(args.dataset, args.input_size, work), always_firing_bundle(args.input_size, work)
+        log.info("training the red-vehicle filter and exporting the always-firing MC")
+        red = train_red(args.dataset, args.input_size, args.arch, work)
+        always = always_firing_bundle(args.input_size, work)
         keys = make_keys(work)
         cloud = start_cloud(work, keys, processes)
         register(cloud, red, RED)
@@ -551,6 +557,10 @@ def parse_args() -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--dataset", type=Path, default=default_dataset(), help="the intel-car dataset folder")
     parser.add_argument("--input-size", default="384x224", help="base-DNN input WxH (default 384x224)")
+    parser.add_argument(
+        "--arch", choices=(DEFAULT_FILTER, *MC_KINDS), default=DEFAULT_FILTER,
+        help="the red-vehicle filter: the default filter of `filterforward train` (default) or one MC kind",
+    )  # fmt: skip
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples (default 10)")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds left out of the summary (default 60)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out", help="folder for soak.json and soak.png")
@@ -594,6 +604,7 @@ def main() -> None:
         "camera_kind": args.camera,
         "clip": args.clip.name,
         "input_size": "x".join(map(str, args.input_size)),
+        "arch": args.arch,
         "seconds": args.seconds,
         "warmup": args.warmup,
         "interval": args.interval,

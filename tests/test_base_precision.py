@@ -179,6 +179,14 @@ def test_bad_export_requests_are_one_line(
     assert not (tmp_path / "x.onnx").exists()
 
 
+def test_export_to_a_folder_is_refused_before_calibrating(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    args = ["models", "export", "--precision", "int8", "--calibration", "/no/such/clip.mp4", "--out", str(tmp_path)]
+    assert main(args) == 2  # the --out check comes first: the missing clip is not reached
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path} is a folder, not a file: give a file path" in err and err.count("\n") == 1, err
+    assert not any(tmp_path.iterdir())
+
+
 def test_cli_lists_what_the_modules_accept() -> None:
     assert all(precision in models_command.PRECISIONS_HELP for precision in PRECISIONS)
     assert models_command.RUNTIMES == RUNTIMES

@@ -42,9 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from filterforward.commands.options import parse_size
+    from filterforward.commands.options import check_writable, parse_size
     from models.base_precision import DEFAULT_CALIBRATION_FRAMES, check_precision, export_precision
 
+    if args.out is not None:  # before the calibration's minutes, not after them
+        check_writable(args.out, "--out", folder=False)
     precision = check_precision(args.precision)
     size = parse_size(args.input_size)
     frames = DEFAULT_CALIBRATION_FRAMES if args.calibration_frames is None else args.calibration_frames
