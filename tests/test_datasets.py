@@ -419,6 +419,13 @@ def test_cli_mot_bad_events(campus: Path, tmp_path: Path, event: str, message: s
     assert not (tmp_path / "x").exists()
 
 
+def test_cli_mot_out_must_be_a_folder(campus: Path, tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("keep me\n")
+    with pytest.raises(FilterForwardError, match="a-file is a file, not a folder: give a folder path"):
+        _cli("dataset", "mot", str(campus), "--event", "left=" + FULL, "--out", str(tmp_path / "a-file"))
+    assert (tmp_path / "a-file").read_text() == "keep me\n"
+
+
 def test_cli_mot_needs_a_mot_folder(tmp_path: Path) -> None:
     with pytest.raises(FilterForwardError, match=r"no seqinfo\.ini"):
         _cli("dataset", "mot", str(tmp_path), "--out", str(tmp_path / "x"))

@@ -38,6 +38,9 @@ def test_create_refuses_to_overwrite_and_bad_names(tmp_path: Path) -> None:
     result = filterforward("keys", "create", "../escape", "--dir", str(tmp_path))
     assert result.returncode == 2 and "is not an id" in result.stderr
     assert not (tmp_path.parent / "escape.key").exists()
+    result = filterforward("keys", "create", "edge-3", "--dir", str(tmp_path / "cloud.key"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert f"--dir {tmp_path / 'cloud.key'} is a file, not a folder: give a folder path" in result.stderr
 
 
 def test_show_prints_the_public_key(tmp_path: Path) -> None:

@@ -165,6 +165,10 @@ def test_cli_synth_and_info(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert all(event in printed for event in EVENTS)
     with pytest.raises(FilterForwardError, match="WIDTHxHEIGHT"):
         _cli("dataset", "synth", "--out", str(tmp_path / "x"), "--size", "128by96")
+    (tmp_path / "a-file").write_text("keep me\n")
+    with pytest.raises(FilterForwardError, match="a-file is a file, not a folder: give a folder path"):
+        _cli("dataset", "synth", "--out", str(tmp_path / "a-file"), "--frames", "4")
+    assert (tmp_path / "a-file").read_text() == "keep me\n"
 
 
 def test_an_os_error_is_one_line_and_the_traceback_is_behind_verbose(

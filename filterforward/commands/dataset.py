@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from filterforward.commands.options import check_writable, parse_size
 from models.errors import FilterForwardError
 
 if TYPE_CHECKING:
@@ -76,15 +77,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     mot.set_defaults(func=run_mot)
 
 
-def parse_size(text: str) -> tuple[int, int]:
-    """'320x192' -> (320, 192)."""
-    try:
-        width, height = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise FilterForwardError(f"size {text!r} does not parse: write WIDTHxHEIGHT, e.g. 320x192") from None
-    return width, height
-
-
 def parse_event(text: str) -> tuple[str, Polygon]:
     """'NAME=x,y x,y x,y' -> (NAME, polygon)."""
     from models.datasets import Polygon
@@ -99,6 +91,7 @@ def parse_event(text: str) -> tuple[str, Polygon]:
 def run_synth(args: argparse.Namespace) -> int:
     from models.datasets import write_synthetic
 
+    check_writable(args.out, "--out", folder=True)
     dataset = write_synthetic(
         args.out,
         n_frames=args.frames,
@@ -125,6 +118,7 @@ def run_info(args: argparse.Namespace) -> int:
 def run_mot(args: argparse.Namespace) -> int:
     from models.datasets import edge_crossings, export_mot
 
+    check_writable(args.out, "--out", folder=True)
     events = dict(parse_event(text) for text in args.events)
     if len(events) != len(args.events):
         raise FilterForwardError("an event name is given twice: give each --event its own NAME")

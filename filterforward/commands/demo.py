@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     from edge.node import EdgeNode
     from edge.replay import evaluate
     from filterforward.commands.eval import format_report
-    from filterforward.commands.options import parse_size
+    from filterforward.commands.options import check_writable, parse_size
     from filterforward.commands.train import report
     from models.datasets import open_dataset, write_synthetic
     from models.errors import FilterForwardError
@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0.1 <= args.train_fraction <= 0.9:
         raise FilterForwardError(f"--train-fraction {args.train_fraction} must be between 0.1 and 0.9")
+    check_writable(args.out, "--out", folder=True)
     if args.dataset:
         dataset = open_dataset(args.dataset)
     else:

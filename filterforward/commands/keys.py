@@ -44,11 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _create(args: argparse.Namespace) -> int:
     from common.curve import create_keypair
     from common.protocol import ID_PATTERN
+    from filterforward.commands.options import check_writable
 
     if not re.fullmatch(ID_PATTERN, args.name):
         raise FilterForwardError(
             f"key name {args.name!r} is not an id: use up to 64 letters, digits, '_', '.' or '-' (e.g. edge-1)"
         )
+    check_writable(args.dir, "--dir", folder=True)
     public, secret = create_keypair(args.dir, args.name)
     print(f"public key: {public}  (safe to copy)")
     print(f"secret key: {secret}  (keep it on this machine; mode 0600)")
