@@ -19,7 +19,6 @@ from pathlib import Path
 from fastapi import FastAPI, HTTPException, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import text
@@ -48,6 +47,7 @@ log = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).parent / "web"
 STOP_WAIT = 30.0  # seconds a shutdown waits for a retention sweep in progress
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")  # what a 405's Allow can name
 
 
 @dataclass(frozen=True)
@@ -197,9 +197,14 @@ async def _registry_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _method_not_allowed(request: Request, _exc: Exception) -> JSONResponse:
     """405 with the methods of every route of the path in Allow (Starlette names only the first route's, and each
-    method here is a route of its own)."""
-    routes = [r for r in request.app.routes if isinstance(r, APIRoute) and r.matches(request.scope)[0] != Match.NONE]
-    allowed = sorted({method for route in routes for method in route.methods})
+    method here is a route of its own): the app's router asked which methods would reach an endpoint, as it nests
+    included routers rather than listing their routes."""
+    scope = {"type": "http", "path": request.scope["path"], "root_path": request.scope.get("root_path", "")}
+    allowed = [
+        method
+        for method in HTTP_METHODS
+        if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in request.app.router.routes)
+    ]
     detail = f"{request.method} is not allowed on {request.url.path}: use {', '.join(allowed)}"
     return JSONResponse({"detail": detail}, status.HTTP_405_METHOD_NOT_ALLOWED, headers={"Allow": ", ".join(allowed)})
 

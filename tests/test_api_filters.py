@@ -333,6 +333,25 @@ def test_bad_input_is_refused_and_changes_nothing(
     assert db_state(cloud.config) == before
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("PATCH", "/api/filters", "GET, POST"),
+        ("POST", "/api/filters/existing", "GET, PUT, DELETE"),
+        ("POST", "/api/datasets", "GET"),
+        ("PUT", "/api/events", "GET"),
+    ],
+)
+def test_a_method_the_path_lacks_names_the_ones_it_has(
+    cloud: CloudServer, method: str, path: str, allowed: str
+) -> None:
+    with cloud.client() as client:
+        response = client.request(method, path)
+    assert response.status_code == 405
+    assert response.headers["allow"] == allowed
+    assert response.json()["detail"] == f"{method} is not allowed on {path}: use {allowed}"
+
+
 def test_tokens_and_scopes(cloud: CloudServer, models: dict) -> None:
     spec, onnx = spec_for("scoped"), models["late"][1]
     before = db_state(cloud.config)
