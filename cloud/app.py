@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 
 from fastapi import FastAPI, HTTPException, Request, status
@@ -25,6 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from cloud import retention
@@ -84,6 +86,7 @@ def create_app(config: CloudConfig, services: Services) -> FastAPI:
         app.include_router(module.router, prefix="/api")
     app.add_exception_handler(RegistryError, _registry_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(status.HTTP_404_NOT_FOUND, _not_found)
     app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["service"], responses=errors(503))
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["service"], response_class=Response)
@@ -193,6 +196,15 @@ def index() -> Response:
 async def _registry_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RegistryError)
     return JSONResponse({"detail": str(exc)}, exc.status)
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    """A path no route has gets a detail that says where the paths are; the endpoints' own 404s keep theirs."""
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail
+    if detail == HTTPStatus.NOT_FOUND.phrase:  # Starlette's own: no route for the path
+        detail = f"no such path {request.url.path}: the API's paths are listed at /docs"
+    return JSONResponse({"detail": detail}, status.HTTP_404_NOT_FOUND, headers=exc.headers)
 
 
 async def _method_not_allowed(request: Request, _exc: Exception) -> JSONResponse:

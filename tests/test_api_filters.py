@@ -402,6 +402,12 @@ def test_open_endpoints_and_docs(cloud: CloudServer) -> None:
         assert page.headers["content-type"].startswith("text/html")
         assert client.get("/static/app.js").status_code == 200
         assert client.get("/static/no-such-file.js").status_code == 404
+    with cloud.client() as client:
+        unknown = client.get("/api/trainings")  # a path no route has: says where the paths are
+        assert unknown.status_code == 404
+        assert unknown.json() == {"detail": "no such path /api/trainings: the API's paths are listed at /docs"}
+        known = client.get("/api/filters/nobody")  # an endpoint's own 404 keeps its detail
+        assert known.status_code == 404 and known.json()["detail"].startswith("no filter named 'nobody'")
 
 
 # -- base models: a filter must match the base model of every edge it targets -------------------------------
