@@ -49,11 +49,17 @@ def parse_config(path: Path) -> ConfigDocument:
     """Parse `path` (a mapping at the top), note each key's line and substitute `${ENV}` in its values."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FilterForwardError(f"config file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FilterForwardError(f"config file {path} can't be read: {exc}") from None
+        raise FilterForwardError(f"config file {path} does not exist: check the path") from None
+    except IsADirectoryError:
+        raise FilterForwardError(f"config file {path} is a folder: give the YAML file in it") from None
+    except UnicodeDecodeError as exc:
+        raise FilterForwardError(
+            f"config file {path} is not UTF-8 text (byte {exc.start}): save it as UTF-8 YAML"
+        ) from None
+    except OSError as exc:
+        raise FilterForwardError(f"config file {path} can't be read ({exc.strerror}): check its permissions") from None
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()

@@ -55,7 +55,9 @@ def test_a_bad_config_is_one_line_and_exit_code_2(tmp_path: Path, text: str, det
 def test_a_missing_config_file(tmp_path: Path) -> None:
     result = serve("--config", str(tmp_path / "absent.yaml"))
     assert result.returncode == 2
-    assert result.stderr.strip() == f"filterforward cloud: error: config file {tmp_path / 'absent.yaml'} does not exist"
+    assert result.stderr.strip() == (
+        f"filterforward cloud: error: config file {tmp_path / 'absent.yaml'} does not exist: check the path"
+    )
 
 
 def test_a_bad_port_option(tmp_path: Path) -> None:

@@ -178,6 +178,26 @@ def test_config_check_reports_ok_or_the_one_line_error(
     assert "neither cameras: nor tokens:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "is a folder: give the YAML file in it"),
+        (b"edge_id: caf\xe9\n", "is not UTF-8 text (byte 12): save it as UTF-8 YAML"),
+    ],
+)
+def test_a_config_that_is_no_text_file_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None, message: str
+) -> None:
+    path = tmp_path / "edge.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert main(["config", "check", str(path), "--kind", "edge"]) == 2
+    error = capsys.readouterr().err
+    assert error == f"filterforward config: error: config file {path} {message}\n"
+
+
 def test_the_example_files_are_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     edge = load_edge_config(DEPLOY / "edge.example.yaml")
     parking = edge.cameras[0]
