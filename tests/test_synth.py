@@ -176,11 +176,11 @@ def test_an_os_error_is_one_line_and_the_traceback_is_behind_verbose(
 ) -> None:
     from filterforward.cli import main
 
-    (tmp_path / "a-file").write_text("not a folder")
-    argv = ["dataset", "synth", "--out", str(tmp_path / "a-file" / "scene"), "--frames", "10"]
+    (tmp_path / "scene" / "labels.csv").mkdir(parents=True)  # in the way of the file synth writes there
+    argv = ["dataset", "synth", "--out", str(tmp_path / "scene"), "--frames", "10", "--force"]
     assert main(argv) == 1
-    err = capsys.readouterr().err
-    assert err.startswith(f"filterforward dataset: error: {tmp_path / 'a-file'}") and err.count("\n") == 1
-    assert "Not a directory (-v shows where)" in err
-    with pytest.raises(NotADirectoryError):
+    error = capsys.readouterr().err.rstrip("\n").split("\n")[-1]  # after the frames' progress bar
+    in_the_way = tmp_path / "scene" / "labels.csv"
+    assert error == f"filterforward dataset: error: {in_the_way}: Is a directory (-v shows where)"
+    with pytest.raises(IsADirectoryError):
         main(["-v", *argv])
