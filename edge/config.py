@@ -46,7 +46,7 @@ class UploadSettings(BaseModel):
 
 class GateSettings(BaseModel):
     """The change gate (edge/change_gate.py): a frame that barely differs from the last frame the base DNN ran on,
-    inside the camera's filters' regions, reuses that frame's scores."""
+    inside the camera's filters' regions, reuses that frame's scores (not on a camera with a windowed filter)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -298,6 +298,16 @@ def test_the_change_gate_reuses_the_last_processed_frames_scores_on_the_still_lo
     assert len(skipped) <= gated["pipeline"].stats.skipped
 
 
+def test_a_camera_with_a_windowed_filter_is_not_gated(empty_lot, base, make_filter, tmp_path) -> None:
+    """A windowed MC reads the small changes between frames that the gate ignores: its camera runs every frame."""
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("windowed", "mid", SIZE, name="all", smoothing={"threshold": 1e-9, "k": 1, "n": 1}))
+    every = scores_per_frame(empty_lot, base, bank, tmp_path / "every", gate=None)
+    gated = scores_per_frame(empty_lot, base, bank, tmp_path / "gated", gate=GateSettings(max_skipped=100))
+    assert gated["pipeline"].stats.skipped == 0
+    assert gated["scores"] == every["scores"] and len(every["scores"]) == 40
+
+
 def test_a_new_filter_version_runs_the_base_dnn_again(empty_lot, base, make_filter, tmp_path) -> None:
     bank = MCBank(base.taps, SIZE)
     threshold = {"threshold": 1e-9, "k": 1, "n": 1}
