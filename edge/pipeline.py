@@ -189,7 +189,7 @@ class CameraPipeline:
         """The last processed frame's scores when the change gate finds this frame unchanged inside the filters'
         regions; None when the base DNN must run (no gate, a change, or other filters than those scores'). A camera
         with a windowed filter runs it on every frame: such an MC reads the small changes from frame to frame that
-        the gate ignores (skipping cost windowed filters 0.21 event F1 on bench/generalization.py's tud event)."""
+        the gate ignores (skipping cost windowed filters 0.29 event F1 on bench/generalization.py's tud event)."""
         if self.gate is None or any(mc.history_shape is not None for mc in mcs):
             return None
         if _filters_of(mcs) != self._scored_by:
