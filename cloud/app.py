@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
+from starlette.routing import Match, compile_path
 
 from cloud import retention
 from cloud.config import CloudConfig
@@ -208,17 +208,34 @@ async def _not_found(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _method_not_allowed(request: Request, _exc: Exception) -> JSONResponse:
-    """405 with the methods of every route of the path in Allow (Starlette names only the first route's, and each
-    method here is a route of its own): the app's router asked which methods would reach an endpoint, as it nests
-    included routers rather than listing their routes."""
-    scope = {"type": "http", "path": request.scope["path"], "root_path": request.scope.get("root_path", "")}
-    allowed = [
-        method
-        for method in HTTP_METHODS
-        if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in request.app.router.routes)
-    ]
+    """405 with every method of the path in Allow (Starlette names only the first route's, and each method here is a
+    route of its own): those the API documents for it, else those the router would take."""
+    path = request.scope["path"]
+    allowed = _documented_methods(request.app, path) or _routed_methods(request.app, path)
     detail = f"{request.method} is not allowed on {request.url.path}: use {', '.join(allowed)}"
     return JSONResponse({"detail": detail}, status.HTTP_405_METHOD_NOT_ALLOWED, headers={"Allow": ", ".join(allowed)})
+
+
+def _documented_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods of the OpenAPI path the request path fits; a literal path (/api/datasets/footage) before a
+    parametrised one it also fits (/api/datasets/{name}), as the router takes them."""
+    fits = []
+    for template, operations in app.openapi()["paths"].items():
+        regex, _, parameters = compile_path(template)
+        if regex.match(path):
+            fits.append((len(parameters), [method for method in HTTP_METHODS if method.lower() in operations]))
+    return min(fits)[1] if fits else []
+
+
+def _routed_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods the app's router would take for an undocumented path (it nests included routers, so asking it is
+    the way to know)."""
+    scope = {"type": "http", "path": path, "root_path": ""}
+    return [
+        method
+        for method in HTTP_METHODS
+        if any(route.matches({**scope, "method": method})[0] == Match.FULL for route in app.router.routes)
+    ]
 
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:

@@ -339,6 +339,8 @@ def test_bad_input_is_refused_and_changes_nothing(
         ("PATCH", "/api/filters", "GET, POST"),
         ("POST", "/api/filters/existing", "GET, PUT, DELETE"),
         ("POST", "/api/datasets", "GET"),
+        ("OPTIONS", "/api/datasets/footage", "POST"),  # not GET/DELETE of /api/datasets/{name}, which it also fits
+        ("POST", "/", "GET"),  # the web page: a route the API does not document
         ("PUT", "/api/events", "GET"),
     ],
 )
