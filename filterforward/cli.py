@@ -14,8 +14,17 @@ from models.errors import FilterForwardError
 COMMANDS = ("demo", "dataset", "models", "train", "eval", "edge", "cloud", "keys", "config", "camera", "trainer")
 
 
+class ExactOptionParser(argparse.ArgumentParser):
+    """Options match only when spelled whole: argparse's prefix matching took `trainer serve --token T` as
+    `--token-env T`. Subcommand parsers are made of the same class, so the rule holds all the way down."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ExactOptionParser(
         prog="filterforward",
         description="Edge video filtering: one shared base DNN per frame, many tiny microclassifiers, "
         "only the frames your applications care about leave the edge.",

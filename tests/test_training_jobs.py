@@ -26,6 +26,7 @@ from cloud_server import (
 )
 from support import wait_until
 
+from filterforward.cli import main
 from models.datasets import LabelledDataset, write_synthetic
 
 TRAINER_TOKEN = "api-test-trainer-token-345678"
@@ -283,3 +284,12 @@ def test_a_job_trains_on_two_processes_with_a_compressed_optimizer(
     assert done["status"] == "done", done["error"]
     assert (done["spec"]["architecture"], done["result"]["steps"]) == ("full_frame", 30)
     assert "training on 2 processes" in messages, messages
+
+
+def test_an_option_spelled_short_is_refused_not_taken_for_a_longer_one(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--token T` is no option of `trainer serve`: argparse's prefix matching used to take it as `--token-env T`
+    and the trainer then said "$T is empty"."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["trainer", "serve", "--cloud", "http://127.0.0.1:9", "--token", "a-token-of-sixteen-chars"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --token a-token-of-sixteen-chars" in capsys.readouterr().err
