@@ -38,11 +38,8 @@ class DatasetFolders:
         return self.root / name  # names follow NAME_PATTERN (checked by the API): a plain path part
 
     def image(self, name: str, number: int) -> Path:
-        """The file of a frame, or FilterForwardError when it is not stored (yet)."""
-        path = self.folder(name) / IMAGES / image_name(number)
-        if not path.is_file():
-            raise FilterForwardError(f"dataset {name!r} has no frame {number} (yet): list its frames first")
-        return path
+        """Where a frame's file is, once it is stored."""
+        return self.folder(name) / IMAGES / image_name(number)
 
     def write_image(self, name: str, number: int, jpeg: bytes) -> None:
         write_atomically(self.folder(name) / IMAGES / image_name(number), jpeg)

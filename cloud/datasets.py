@@ -189,6 +189,13 @@ class Datasets:
     def frame_count(self, session: Session, name: str) -> int:
         return session.scalar(select(func.count()).where(DatasetFrame.dataset == name)) or 0
 
+    def no_frame(self, session: Session, name: str, number: int) -> DatasetError:
+        """The 404 for a frame a dataset does not have, saying which it has (or that the dataset does not exist)."""
+        self.get(session, name)
+        frames = self.frame_count(session, name)
+        have = f"it has frames 0 to {frames - 1}" if frames else "it has no frames yet"
+        return DatasetError(404, f"frame {number} is not in dataset {name!r}: {have}")
+
     # -- changing --------------------------------------------------------------------------------------------
 
     def set_labels(self, name: str, event: str, labels: Iterable[tuple[int, int | None]]) -> None:
@@ -200,8 +207,7 @@ class Datasets:
             changes = dict(labels)
             outside = sorted(frame for frame in changes if not 0 <= frame < frames)
             if outside:
-                have = f"it has frames 0 to {frames - 1}" if frames else "it has no frames yet"
-                raise DatasetError(404, f"frame {outside[0]} is not in dataset {name!r}: {have}")
+                raise self.no_frame(session, name, outside[0])
             session.execute(
                 delete(Label).where(Label.dataset == name, Label.event == event, Label.frame_index.in_(changes))
             )

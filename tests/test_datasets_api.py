@@ -138,7 +138,17 @@ def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path
         assert garbage.status_code == 422 and "video" in garbage.json()["detail"]
         assert client.get("/api/datasets/garbage").status_code == 404
         assert client.get("/api/datasets/refusals").json() == before
-        assert client.get("/api/datasets/refusals/frames/999.jpg").status_code == 404
+        frames = client.get("/api/datasets/refusals").json()["frames"]
+        beyond = client.get("/api/datasets/refusals/frames/999.jpg")
+        assert (beyond.status_code, beyond.json()["detail"]) == (
+            404,
+            f"frame 999 is not in dataset 'refusals': it has frames 0 to {frames - 1}",
+        )
+        nowhere = client.get("/api/datasets/nowhere/frames/0.jpg")
+        assert (nowhere.status_code, nowhere.json()["detail"]) == (
+            404,
+            "no dataset 'nowhere': list them with GET /api/datasets",
+        )
     with cloud.client(READ_ONLY) as viewer:
         assert viewer.put("/api/datasets/refusals/labels", json={"event": "car", "labels": good}).status_code == 403
         assert viewer.delete("/api/datasets/refusals").status_code == 403

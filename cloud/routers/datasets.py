@@ -18,7 +18,6 @@ from cloud.db import Dataset
 from cloud.routers import DatasetsDep, SessionDep
 from cloud.schemas import UtcDatetime, errors
 from common.protocol import ID_PATTERN
-from models.errors import FilterForwardError
 from models.filterspec import NAME_PATTERN
 from models.roi import MAX_POLYGON_POINTS
 
@@ -140,12 +139,11 @@ def delete_dataset(name: DatasetName, datasets: DatasetsDep) -> None:
     responses={200: {"content": {"image/jpeg": {}}, "description": "the frame"}},
 )
 def get_frame(
-    name: DatasetName, number: Annotated[int, Path(ge=0, le=2**31 - 1)], datasets: DatasetsDep
+    name: DatasetName, number: Annotated[int, Path(ge=0, le=2**31 - 1)], datasets: DatasetsDep, session: SessionDep
 ) -> FileResponse:
-    try:
-        path = datasets.folders.image(name, number)
-    except FilterForwardError as exc:
-        raise DatasetError(404, str(exc)) from None
+    path = datasets.folders.image(name, number)
+    if not path.is_file():
+        raise datasets.no_frame(session, name, number)
     return FileResponse(path, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})
 
 
