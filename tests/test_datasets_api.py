@@ -106,6 +106,12 @@ def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path
                 {"event": "car", "labels": [{"frame": 2, "value": 2}]},
                 422,
             ),
+            "frame twice": (
+                client.put,
+                "/api/datasets/refusals/labels",
+                {"event": "car", "labels": [{"frame": 2, "value": 1}, {"frame": 2, "value": 0}]},
+                422,
+            ),
             "reserved event": (
                 client.put,
                 "/api/datasets/refusals/labels",
@@ -132,6 +138,8 @@ def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path
             assert answer.status_code == code, (what, answer.text)
             detail = answer.json()["detail"]
             assert isinstance(detail, str) and "\n" not in detail, (what, detail)
+            if what == "frame twice":
+                assert "frame 2 is given more than once: give each frame one value" in detail
         taken = client.post("/api/datasets/upload", data={"name": "refusals"}, files={"video": ("c.mp4", b"x")})
         assert taken.status_code == 409 and "exists" in taken.json()["detail"]
         garbage = client.post("/api/datasets/upload", data={"name": "garbage"}, files={"video": ("c.mp4", b"x" * 99)})

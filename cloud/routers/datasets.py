@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, File, Form, Path, Query, Response, UploadFile, status
 from fastapi.responses import FileResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 
 from cloud.auth import require
@@ -56,6 +56,17 @@ class LabelsIn(BaseModel):
 
     event: EventName
     labels: list[LabelIn] = Field(max_length=100_000)
+
+    @field_validator("labels")
+    @classmethod
+    def each_frame_once(cls, labels: list[LabelIn]) -> list[LabelIn]:
+        """Two values for one frame in one request would leave the last silently: refused instead."""
+        seen: set[int] = set()
+        for label in labels:
+            if label.frame in seen:
+                raise ValueError(f"frame {label.frame} is given more than once: give each frame one value")
+            seen.add(label.frame)
+        return labels
 
 
 class RegionIn(BaseModel):
