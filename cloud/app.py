@@ -26,6 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
+from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, compile_path
 
@@ -241,4 +242,19 @@ def _routed_methods(app: FastAPI, path: str) -> list[str]:
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     """FastAPI's list of validation errors as the API's one-line detail."""
     assert isinstance(exc, RequestValidationError)
-    return JSONResponse({"detail": validation_summary(exc)}, status.HTTP_422_UNPROCESSABLE_CONTENT)
+    detail = _form_part_mixup(exc) or validation_summary(exc)
+    return JSONResponse({"detail": detail}, status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def _form_part_mixup(exc: RequestValidationError) -> str | None:
+    """A form field sent as the other kind of part: curl's -F 'x=@FILE' uploads a file and -F 'x=<FILE' sends its
+    text, easily swapped; pydantic's own words for it ("Input should be a valid string") do not say so."""
+    first = exc.errors()[0]
+    if len(first["loc"]) != 2 or first["loc"][0] != "body":
+        return None
+    field = first["loc"][1]
+    if first["type"] == "string_type" and isinstance(first["input"], UploadFile):
+        return f"body.{field}: sent as a file, but it is a text field: send the file's text (curl -F '{field}=<FILE')"
+    if isinstance(first["input"], str) and "Expected UploadFile" in first["msg"]:
+        return f"body.{field}: sent as text, but it is a file: upload the file (curl -F '{field}=@FILE')"
+    return None

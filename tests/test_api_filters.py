@@ -333,6 +333,24 @@ def test_bad_input_is_refused_and_changes_nothing(
     assert db_state(cloud.config) == before
 
 
+def test_a_form_part_sent_as_the_other_kind_says_which_it_takes(cloud: CloudServer, models: dict) -> None:
+    """curl -F 'spec=@spec.json' uploads the spec as a file and -F 'model=<model.onnx' sends the model as text."""
+    spec = spec_for("swapped").model_dump_json()
+    before = db_state(cloud.config)
+    with cloud.client() as client:
+        spec_as_file = client.post("/api/filters", files={"spec": ("spec.json", spec), "model": models["late"][1]})
+        model_as_text = client.post("/api/filters", data={"spec": spec, "model": "model.onnx"})
+    assert (spec_as_file.status_code, spec_as_file.json()["detail"]) == (
+        422,
+        "body.spec: sent as a file, but it is a text field: send the file's text (curl -F 'spec=<FILE')",
+    )
+    assert (model_as_text.status_code, model_as_text.json()["detail"]) == (
+        422,
+        "body.model: sent as text, but it is a file: upload the file (curl -F 'model=@FILE')",
+    )
+    assert db_state(cloud.config) == before
+
+
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [
