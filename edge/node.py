@@ -28,7 +28,7 @@ from edge.sink import FolderSink, Sink
 from edge.sources import Frame, open_source
 from edge.uplink import Uplink
 from models.basednn import BaseDNN
-from models.bundle import load_bundle
+from models.bundle import load_bundles
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec
 
@@ -41,7 +41,7 @@ POLL = 0.1  # seconds between checks for a stop request (a signal handler only b
 
 
 def load_filters(bank: MCBank, bundles: list[Path]) -> list[tuple[FilterSpec, bytes]]:
-    filters = [load_bundle(path) for path in bundles]
+    filters = load_bundles(bundles)
     bank.put_many(filters)
     return filters
 

@@ -24,7 +24,7 @@ from edge.pipeline import CameraPipeline
 from edge.sink import MatchedFrame
 from edge.sources import Frame
 from models.basednn import BaseDNN
-from models.bundle import load_bundle
+from models.bundle import load_bundles
 from models.datasets import LabelledDataset
 from models.errors import FilterForwardError, validation_summary
 from models.evaluation import EventScores, bandwidth_bps, check_tolerance, event_f1, runs
@@ -117,7 +117,7 @@ def replay(
     at the edge's default settings unless `gate` says otherwise; None: the base DNN on every frame), the MC
     bank's FC weights as an edge with `mc_weights: weights` runs them. A motion veto's background model first sees
     the frames before the range, as a live camera's would have."""
-    specs = [load_bundle(path) for path in bundles]
+    specs = load_bundles(bundles)
     if not specs:
         raise FilterForwardError("no filters to evaluate: pass at least one filter bundle")
     input_size = specs[0][0].input_size
@@ -156,7 +156,7 @@ def evaluate(
         upload = UploadSettings(crf=crf)
     except ValidationError as exc:
         raise FilterForwardError(f"upload settings: {validation_summary(exc)}") from None
-    labels = {spec.name: _label_for(dataset, spec, event) for spec, _ in map(load_bundle, bundles)}
+    labels = {spec.name: _label_for(dataset, spec, event) for spec, _ in load_bundles(bundles)}
     sink = replay(dataset, bundles, frames, base_model, progress, upload, weights=weights)
     start, stop = frames
     reports = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,21 @@ def load_bundle(path: Path) -> tuple[FilterSpec, bytes]:
     if model_path.stat().st_size > MAX_MODEL_BYTES:
         raise FilterForwardError(_too_big(model_path.stat().st_size))
     return spec, model_path.read_bytes()
+
+
+def load_bundles(paths: Iterable[Path]) -> list[tuple[FilterSpec, bytes]]:
+    """Bundles that run side by side: two of one name would be one filter twice over (the bank keys filters, and
+    events and scores name them, by name), so that is refused."""
+    loaded: dict[str, tuple[Path, FilterSpec, bytes]] = {}
+    for path in paths:
+        spec, onnx_bytes = load_bundle(path)
+        if spec.name in loaded:
+            raise FilterForwardError(
+                f"filter bundles {loaded[spec.name][0]} and {path} are both named {spec.name!r}: "
+                "drop one, or train one again with another --name"
+            )
+        loaded[spec.name] = (path, spec, onnx_bytes)
+    return [(spec, onnx_bytes) for _, spec, onnx_bytes in loaded.values()]
 
 
 def parse_spec(path: Path) -> FilterSpec:

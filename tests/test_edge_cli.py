@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,12 +86,15 @@ def test_sigterm_stops_a_realtime_camera_cleanly(config: Path) -> None:
         ({"input_size": [100, 100]}, "multiples of 32"),
         ({"cameras": [{"name": "gate", "source": "/nowhere/clip.mp4"}]}, "/nowhere/clip.mp4"),
         ({"filters": ["missing-bundle"]}, "missing-bundle"),
+        # Two bundles of one name would run as one filter twice over, their events indistinguishable.
+        ({"filters": ["always", "always-copy"]}, "/always-copy are both named 'always': drop one"),
     ],
 )
 def test_bad_config_is_one_clear_line(config: Path, change: dict, message: str) -> None:
     data = yaml.safe_load(config.read_text())
     data.update(change)
     config.write_text(yaml.safe_dump(data))
+    shutil.copytree(config.parent / "always", config.parent / "always-copy")
     result = filterforward("edge", "run", "--config", str(config))
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if "error:" in line]

@@ -70,6 +70,7 @@ def test_eval_command_prints_the_table_and_writes_json(intel_car: Path, red_filt
         (["--filter", "{red}", "--event", "purple_bus"], "no event 'purple_bus'"),
         (["--filter", "{red}", "--frames", "300:200"], "selects no frames"),
         (["--filter", "{red}", "--mc-weights", "int4"], "invalid choice: 'int4'"),
+        (["--filter", "{red}", "--filter", "{red}"], "are both named 'red_vehicle_present"),
         # Checked before the replay: a wrong setting costs no replay and no report is lost at the end.
         (["--filter", "{red}", "--crf", "99"], "crf: Input should be less than or equal to 51"),
         (["--filter", "{red}", "--tolerance", "-1"], "boundary tolerance must be >= 0 frames, got -1"),
