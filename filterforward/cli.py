@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -39,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not args.verbose:
+        # OpenCV's own warnings repeat what our messages say (a camera that cannot be opened logs "backend is
+        # generally available but can't be used to capture by name" on every reconnect); FFmpeg's stay. Read
+        # when cv2 is first imported, which the subcommands do lazily, after this.
+        os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

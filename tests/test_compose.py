@@ -533,6 +533,13 @@ def test_the_camera_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     result = camera_serve(str(missing), "--port", "8080")
     assert result.returncode == 2
     assert result.stderr.strip() == f"filterforward camera: error: source {missing} does not exist; check the path"
+    not_video = tmp_path / "labels.csv"
+    not_video.write_text("frame_index,car\n0,1\n")
+    result = camera_serve(str(not_video), "--port", "8080")
+    assert result.returncode == 2  # and nothing but our line: OpenCV's own warning about the file is not shown
+    assert result.stderr.strip() == (
+        f"filterforward camera: error: {not_video} can't be decoded as video; check that it is a video file that plays"
+    )
 
 
 @pytest.mark.parametrize("dockerfile", sorted((REPO / "deploy").glob("Dockerfile.*")), ids=lambda p: p.name)
