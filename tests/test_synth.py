@@ -131,6 +131,7 @@ def test_the_background_drifts_in_brightness(scene: LabelledDataset, pixels: np.
         ({"size": (32, 32)}, "at least 64"),
         ({"n_frames": 0}, "at least 1"),
         ({"fps": 0.0}, "positive frame rate"),
+        ({"seed": -1}, "seed -1 does not work: give 0 or more"),
     ],
 )
 def test_bad_arguments(tmp_path: Path, kwargs: dict, message: str) -> None:

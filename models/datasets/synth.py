@@ -83,7 +83,7 @@ def write_synthetic(
     progress: bool = False,
 ) -> LabelledDataset:
     """Render a synthetic scene into out_dir (video.mp4, labels.csv, dataset.yaml); same seed, same clip."""
-    width, height = _check_args(n_frames, size, fps)
+    width, height = _check_args(n_frames, size, fps, seed)
     out = Path(out_dir).expanduser()
     check_output(out, [VIDEO_FILE, LABELS_FILE, CONFIG_FILE], overwrite)
     plan_seed, render_seed = np.random.SeedSequence(seed).spawn(2)
@@ -112,7 +112,7 @@ def write_synthetic(
     return written
 
 
-def _check_args(n_frames: int, size: tuple[int, int], fps: float) -> tuple[int, int]:
+def _check_args(n_frames: int, size: tuple[int, int], fps: float, seed: int) -> tuple[int, int]:
     width, height = size
     if width < MIN_SIZE or height < MIN_SIZE or width % 2 or height % 2:
         raise FilterForwardError(f"size {width}x{height} does not work: use even numbers, each at least {MIN_SIZE}")
@@ -120,6 +120,8 @@ def _check_args(n_frames: int, size: tuple[int, int], fps: float) -> tuple[int, 
         raise FilterForwardError(f"{n_frames} frames asked for: give at least 1")
     if not fps > 0:
         raise FilterForwardError(f"fps {fps} does not work: give a positive frame rate")
+    if seed < 0:
+        raise FilterForwardError(f"seed {seed} does not work: give 0 or more")
     return width, height
 
 
