@@ -293,3 +293,14 @@ def test_an_option_spelled_short_is_refused_not_taken_for_a_longer_one(capsys: p
         main(["trainer", "serve", "--cloud", "http://127.0.0.1:9", "--token", "a-token-of-sixteen-chars"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --token a-token-of-sixteen-chars" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["cloud:8000", "ftp://cloud", "http://", "http://cloud:99999"])
+def test_a_cloud_url_that_is_not_one_is_refused_before_any_request(
+    url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FF_TRAINER_TOKEN", TRAINER_TOKEN)
+    assert main(["trainer", "serve", "--cloud", url, "--once"]) == 2
+    assert capsys.readouterr().err == (
+        f"filterforward trainer: error: cloud URL {url!r} is not http(s)://HOST[:PORT]: e.g. http://cloud:8000\n"
+    )

@@ -11,12 +11,10 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from urllib.parse import urlsplit
 
 from models.errors import FilterForwardError
-
-if TYPE_CHECKING:
-    pass
 
 
 class CloudError(FilterForwardError):
@@ -31,10 +29,21 @@ class CloudUnreachable(FilterForwardError):
     """No answer from the cloud (down, restarting, the network): worth trying again later."""
 
 
+def _is_http_url(url: str) -> bool:
+    parts = urlsplit(url)
+    try:
+        parts.port  # noqa: B018 (raises ValueError for a port outside 0-65535 or not a number)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 class Cloud:
     """The few REST calls a trainer makes, with the standard library only (urllib), JSON in and out."""
 
     def __init__(self, url: str, token: str, timeout: float = 60.0) -> None:
+        if not _is_http_url(url):
+            raise FilterForwardError(f"cloud URL {url!r} is not http(s)://HOST[:PORT]: e.g. http://cloud:8000")
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"}
         self._timeout = timeout
