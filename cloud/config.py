@@ -5,12 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, HttpUrl, create_model, field_validator, model_validator
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from cloud.notify import CHANNELS
 from common.configfile import ConfigPath, FolderPath, read_config
 
 Scope = Literal["read", "write", "train"]  # train: a trainer service taking training jobs
+DATABASES = ("sqlite", "postgresql")  # the backends the schema migrations and tests cover
+POSTGRES_URL = "postgresql+psycopg://USER:PASSWORD@HOST/DB"
 
 
 class TokenConfig(BaseModel):
@@ -76,12 +80,38 @@ class CloudConfig(notification_keys()):
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite in data_dir")
     host: str = Field("127.0.0.1", description="HTTP bind address")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
-    public_url: str | None = Field(None, description="base URL of this service in notifications")
+    public_url: HttpUrl | None = Field(None, description="base URL of this service in notifications")
     tokens: list[TokenConfig] = Field(min_length=1)
     zmq: ZmqConfig
     retention: RetentionConfig = RetentionConfig()
     training: TrainingConfig = TrainingConfig()
     max_upload_bytes: int = Field(16 * 2**20, gt=0, description="limit on an uploaded MC model")
+
+    @field_validator("database_url", "public_url", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """`${FF_DATABASE_URL:-}` left empty means the default (SQLite in data_dir; links to host:port)."""
+        return value or None
+
+    @field_validator("database_url")
+    @classmethod
+    def _supported_database(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        try:
+            parsed = make_url(url)
+        except ArgumentError:
+            raise ValueError(f"not a database URL: write {POSTGRES_URL}") from None
+        if parsed.get_backend_name() not in DATABASES:
+            raise ValueError(
+                f"{parsed.get_backend_name()} is not supported: use {POSTGRES_URL}, or leave database_url out for "
+                "SQLite in data_dir"
+            )
+        try:
+            parsed.get_dialect().import_dbapi()
+        except (ArgumentError, ImportError):
+            raise ValueError(f"the driver {parsed.drivername} is not installed: use {POSTGRES_URL}") from None
+        return url
 
     @property
     def db_url(self) -> str:
@@ -89,7 +119,7 @@ class CloudConfig(notification_keys()):
 
     @property
     def base_url(self) -> str:
-        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+        return str(self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
 
 
 def load_cloud_config(path: Path) -> CloudConfig:

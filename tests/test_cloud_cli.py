@@ -38,8 +38,21 @@ def serve(*args: str) -> subprocess.CompletedProcess:
             "the environment has no FF_TEST_UNSET_DATABASE",
         ),
         ("tokens: [unclosed\n", "is not valid YAML"),
+        (TOKENS + GOOD_ZMQ + "database_url: mysql://ff@db/ff\n", "mysql is not supported: use postgresql"),
+        (TOKENS + GOOD_ZMQ + "database_url: postgresql+psycopg2://ff@db/ff\n", "the driver postgresql+psycopg2 is not"),
+        (TOKENS + GOOD_ZMQ + "public_url: ff.example.org\n", "public_url: Input should be a valid URL"),
     ],
-    ids=["unknown key", "no tokens", "no keys and not insecure", "bad port", "unset variable", "not YAML"],
+    ids=[
+        "unknown key",
+        "no tokens",
+        "no keys and not insecure",
+        "bad port",
+        "unset variable",
+        "not YAML",
+        "unsupported database",
+        "database driver not installed",
+        "public URL not a URL",
+    ],
 )
 def test_a_bad_config_is_one_line_and_exit_code_2(tmp_path: Path, text: str, detail: str) -> None:
     config = tmp_path / "cloud.yaml"
@@ -76,7 +89,7 @@ def test_a_bad_port_option(tmp_path: Path) -> None:
             {"database_url": "postgresql+psycopg://ff:hunter2@127.0.0.1:1/ff"},
             "cannot open the database postgresql+psycopg://ff:***@127.0.0.1:1/ff (connection failed",
         ),
-        ({"database_url": "nosuchdb://x"}, "cannot open the database nosuchdb://x (Can't load plugin"),
+        ({"database_url": "nosuchdb://x"}, "database_url: nosuchdb is not supported"),  # now refused with the config
         (
             {"zmq": {"insecure": False, "secret_key": "KEYS/cloud.key_secret", "edge_keys": "KEYS/absent"}},
             "zmq.edge_keys folder KEYS/absent does not exist",
