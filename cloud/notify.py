@@ -185,7 +185,7 @@ class _Outbox:
 class MqttConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    host: str
+    host: str = Field(min_length=1, description="the MQTT broker's host name or address")
     port: int = Field(1883, ge=1, le=65535)
     username: str | None = None
     password: str | None = None

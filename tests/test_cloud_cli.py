@@ -41,6 +41,7 @@ def serve(*args: str) -> subprocess.CompletedProcess:
         (TOKENS + GOOD_ZMQ + "database_url: mysql://ff@db/ff\n", "mysql is not supported: use postgresql"),
         (TOKENS + GOOD_ZMQ + "database_url: postgresql+psycopg2://ff@db/ff\n", "the driver postgresql+psycopg2 is not"),
         (TOKENS + GOOD_ZMQ + "public_url: ff.example.org\n", "public_url: Input should be a valid URL"),
+        (TOKENS + GOOD_ZMQ + "mqtt: {host: ''}\n", "mqtt.host: String should have at least 1 character"),
     ],
     ids=[
         "unknown key",
@@ -52,6 +53,7 @@ def serve(*args: str) -> subprocess.CompletedProcess:
         "unsupported database",
         "database driver not installed",
         "public URL not a URL",
+        "empty MQTT host",
     ],
 )
 def test_a_bad_config_is_one_line_and_exit_code_2(tmp_path: Path, text: str, detail: str) -> None:
