@@ -28,8 +28,13 @@ def create_keypair(folder: Path, name: str) -> tuple[Path, Path]:
 
 
 def load_public(path: Path) -> bytes:
-    """The Z85 public key in a .key or .key_secret file."""
-    public, _ = _load(path)
+    """The Z85 public key in a .key file. A .key_secret file is refused: the other side's secret key has no business
+    on this machine (it would let this one pose as that one)."""
+    public, secret = _load(path)
+    if secret is not None:
+        raise FilterForwardError(
+            f"{path} holds a secret key: give the public .key file; a secret key stays on the machine it belongs to"
+        )
     return public
 
 

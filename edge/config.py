@@ -133,6 +133,17 @@ class CloudLink(BaseModel):
     heartbeat: float = Field(1.0, gt=0, description="seconds between heartbeats")
     timeout: float = Field(5.0, gt=0, description="the cloud is shown unreachable after this many silent seconds")
 
+    @field_validator("address")
+    @classmethod
+    def _host_only(cls, address: str) -> str:
+        """The endpoints are built from it (tcp://ADDRESS:PORT): a URL or host:port would make no address."""
+        if "/" in address or (":" in address and not address.startswith("[")):
+            raise ValueError(
+                f"{address!r} is not a host: give the cloud's host name or IP address alone (e.g. cloud.example); "
+                "the ports are ingest_port and publish_port"
+            )
+        return address
+
     @model_validator(mode="after")
     def _keys_or_insecure(self) -> CloudLink:
         if not self.insecure and (self.server_key is None or self.secret_key is None):

@@ -336,6 +336,27 @@ def test_cloud_and_spool_config_sections(tmp_path: Path) -> None:
         load_edge_config(path)
 
 
+@pytest.mark.parametrize("address", ["tcp://cloud.example", "cloud.example:5555", "cloud.example/"])
+def test_a_cloud_address_that_is_not_a_host_is_refused(tmp_path: Path, address: str) -> None:
+    path = tmp_path / "edge.yaml"
+    cloud = {"address": address, "insecure": True}
+    path.write_text(yaml.safe_dump({"edge_id": EDGE, "cameras": [{"name": "gate", "source": "x.mp4"}], "cloud": cloud}))
+    with pytest.raises(FilterForwardError) as refused:
+        load_edge_config(path)
+    assert f"cloud.address: '{address}' is not a host: give the cloud's host name or IP address alone" in str(
+        refused.value
+    )
+
+
+def test_the_cloud_s_secret_key_file_as_its_server_key_is_refused(tmp_path: Path) -> None:
+    """Only the cloud's public key belongs on an edge: its secret one would let the edge pose as the cloud."""
+    _, cloud_secret = create_keypair(tmp_path, "cloud")
+    _, edge_secret = create_keypair(tmp_path, EDGE)
+    link = CloudLink(address="127.0.0.1", server_key=cloud_secret, secret_key=edge_secret)
+    with pytest.raises(FilterForwardError, match=r"cloud\.key_secret holds a secret key: give the public \.key file"):
+        Link(EDGE, ["gate"], link)
+
+
 def test_missing_key_files_fail_at_start_in_one_line(tmp_path: Path) -> None:
     link = CloudLink(address="127.0.0.1", server_key=tmp_path / "cloud.key", secret_key=tmp_path / "edge.key_secret")
     with pytest.raises(FilterForwardError, match="does not exist: create it with `filterforward keys create`"):
