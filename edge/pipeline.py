@@ -11,6 +11,7 @@ Event clips are the exception: each holds its event's frames.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -180,8 +181,9 @@ class CameraPipeline:
         still = set()
         for spec in vetoes:
             recent = self._tracks[spec.name].motion
-            recent.append(meter.fraction(foreground, spec.roi))
-            if max(islice(reversed(recent), spec.motion.frames)) < spec.motion.min_foreground:
+            # Until the model has settled its fractions are unknown (NaN, as in training): they hold nothing back.
+            recent.append(meter.fraction(foreground, spec.roi) if meter.settled else math.nan)
+            if all(fraction < spec.motion.min_foreground for fraction in islice(reversed(recent), spec.motion.frames)):
                 still.add(spec.name)
         return still
 

@@ -91,6 +91,13 @@ class ForegroundMeter:
         self._work_shape = (0, 0)
         self._box = self._source = (slice(0), slice(0))
         self._subtractor = cv2.createBackgroundSubtractorMOG2(history=HISTORY, detectShadows=False)
+        self.watched = 0  # frames the current model has seen
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last frame came after SETTLE_FRAMES others: before, its fractions are not yet the ones of a
+        model that has watched for long (a fresh camera, a new region, a new resolution)."""
+        return self.watched > SETTLE_FRAMES
 
     def foreground(self, image: np.ndarray) -> np.ndarray:
         """The moving pixels of this frame (bool, at the work size; none outside the regions' box); updates the
@@ -103,6 +110,7 @@ class ForegroundMeter:
                            interpolation=cv2.INTER_AREA)  # fmt: skip
         moving = np.zeros(self._work_shape, bool)
         moving[self._box] = cv2.morphologyEx(self._subtractor.apply(small), cv2.MORPH_OPEN, self._opening) > 0
+        self.watched += 1
         return moving
 
     def _start(self, width: int, height: int) -> None:
@@ -117,6 +125,7 @@ class ForegroundMeter:
         )
         self._box, self._source = (rows, columns), (source_rows, source_columns)
         self._subtractor = cv2.createBackgroundSubtractorMOG2(history=HISTORY, detectShadows=False)
+        self.watched = 0
 
     def fraction(self, foreground: np.ndarray, roi: ROI) -> float:
         """The share of the region's pixels that moved."""
@@ -154,14 +163,13 @@ def _settled_fractions(frames: Iterable[tuple[int, np.ndarray]], follows: np.nda
     """The region's fraction of every frame, a fresh model after each frame that does not follow the one before;
     NaN on a model's first SETTLE_FRAMES frames."""
     fractions = np.full(len(follows), np.nan)
-    meter, watched = ForegroundMeter([roi]), 0
+    meter = ForegroundMeter([roi])
     for position, ((_, image), follow) in enumerate(zip(frames, follows, strict=True)):
-        if not follow and watched:
-            meter, watched = ForegroundMeter([roi]), 0
+        if not follow and meter.watched:
+            meter = ForegroundMeter([roi])
         fraction = meter.fraction(meter.foreground(image), roi)
-        if watched >= SETTLE_FRAMES:
+        if meter.settled:
             fractions[position] = fraction
-        watched += 1
     return fractions
 
 
