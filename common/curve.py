@@ -28,8 +28,14 @@ def create_keypair(folder: Path, name: str) -> tuple[Path, Path]:
 
 
 def load_public(path: Path) -> bytes:
-    """The Z85 public key in a .key file. A .key_secret file is refused: the other side's secret key has no business
-    on this machine (it would let this one pose as that one)."""
+    """The Z85 public key in a .key or .key_secret file."""
+    public, _ = _load(path)
+    return public
+
+
+def load_server_public(path: Path) -> bytes:
+    """The server's public key, for a client: from its .key file. Its .key_secret is refused: the server's secret key
+    has no business on the client's machine (it would let the client pose as the server)."""
     public, secret = _load(path)
     if secret is not None:
         raise FilterForwardError(
@@ -72,4 +78,4 @@ def make_client(socket: zmq.Socket, secret_file: Path, server_public_file: Path)
     public, secret = load_keypair(secret_file)
     socket.curve_secretkey = secret
     socket.curve_publickey = public
-    socket.curve_serverkey = load_public(server_public_file)
+    socket.curve_serverkey = load_server_public(server_public_file)
