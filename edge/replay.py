@@ -192,11 +192,7 @@ def evaluate(
 def _label_for(dataset: LabelledDataset, spec: FilterSpec, event: str | None) -> str:
     """The label column a filter is scored against, checked before any frame is replayed."""
     label = event or spec.event
-    if label not in dataset.labels:
-        raise FilterForwardError(
-            f"dataset {dataset.name} has no event {label!r} to score filter {spec.name!r}; "
-            f"its events are {dataset.events()} (pass --event)"
-        )
+    dataset.require_event(label, f": pass --event to score filter {spec.name!r} against one of them")
     return label
 
 

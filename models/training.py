@@ -456,10 +456,7 @@ def check_finite(model: MicroClassifier, config: TrainConfig) -> None:
 
 def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
     kind = config.kind
-    if config.event not in dataset.labels:
-        raise FilterForwardError(
-            f"{dataset.name} has no event {config.event!r}; its events are {', '.join(dataset.events())}"
-        )
+    dataset.require_event(config.event)
     OPTIMIZERS.lookup(config.optimizer)  # an unknown name fails here, before any work
     if (config.tap_name == PIXELS) != kind.reads_pixels:
         raise FilterForwardError(

@@ -267,6 +267,23 @@ def test_bad_dataset_folders_are_reported(tmp_path: Path, labels: str, config: s
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("config", "event", "reason"),
+    [
+        ("fps: 10\n", "b", " (its labels.csv column holds '2' on frame 1: an event's values are 1, 0 and -1)"),
+        ("fps: 10\nevents: [a]\n", "c", " (labels.csv has the column, but dataset.yaml's events: does not list it)"),
+        ("fps: 10\n", "d", ""),
+    ],
+    ids=["a value that is no label", "not listed", "no such column"],
+)
+def test_an_event_asked_for_that_is_not_one_says_why(tmp_path: Path, config: str, event: str, reason: str) -> None:
+    """A column with one bad value is a data column, not an event: asking for it by name says so."""
+    dataset = open_dataset(_image_dataset(tmp_path / "ds", "frame_index,a,b,c\n0,1,0,1\n1,0,2,0\n", config))
+    with pytest.raises(FilterForwardError) as info:
+        dataset.require_event(event)
+    assert str(info.value) == f"dataset ds has no event {event!r}{reason}; its events are {', '.join(dataset.events())}"
+
+
 def test_files_that_are_not_utf8_are_reported(tmp_path: Path) -> None:
     root = _image_dataset(tmp_path / "ds", "frame_index,a\n0,1\n")
     (root / "labels.csv").write_bytes(b"frame_index,a\n0,1\n1,\xe9t\xe9\n")  # Latin-1 from a spreadsheet

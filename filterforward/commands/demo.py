@@ -59,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"1/4 writing a synthetic labelled clip of {args.frames} frames to {args.out / 'synthetic'}")
         dataset = write_synthetic(args.out / "synthetic", n_frames=args.frames, overwrite=True, progress=True)
     event = args.event or ("red_in_region" if "red_in_region" in dataset.labels else dataset.events()[0])
-    if event not in dataset.labels:
-        raise FilterForwardError(f"dataset {dataset.name} has no event {event!r}; it has {dataset.events()}")
+    dataset.require_event(event)
     input_size = parse_size(args.input_size) if args.input_size else default_input_size(dataset.frame_size)
     split = int(dataset.n_frames * args.train_fraction)
 

@@ -273,9 +273,8 @@ def summary(
 def _events(chosen: list[str] | None, dataset: LabelledDataset) -> list[str]:
     events = dataset.events()
     if chosen:
-        unknown = ", ".join(repr(event) for event in chosen if event not in events)
-        if unknown:  # before any is trained: a typo in the last --event must not come after the others' work
-            raise FilterForwardError(f"{dataset.name} has no event {unknown}; its events are {', '.join(events)}")
+        for event in chosen:  # before any is trained: a typo in the last --event must not come after the others' work
+            dataset.require_event(event)
         return list(dict.fromkeys(chosen))  # in order, each once
     if len(events) == 1:
         return events

@@ -77,6 +77,15 @@ class LabelledDataset:
     def events(self) -> list[str]:
         return list(self.labels)
 
+    def require_event(self, event: str, then: str = "") -> None:
+        """A FilterForwardError naming the events there are when `event` is not one of them (and why not, when
+        labels.csv has a column of that name); `then` ends the message."""
+        if event not in self.labels:
+            why = _why_not_an_event(self.root / LABELS_FILE, event)
+            raise FilterForwardError(
+                f"dataset {self.name} has no event {event!r}{why}; its events are {', '.join(self.events())}{then}"
+            )
+
     def consecutive(self, start: int, stop: int) -> np.ndarray:
         """Per frame of [start, stop): whether it is the camera frame right after the one before it (False for
         `start`)."""
@@ -273,6 +282,20 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
         if len(row) != len(header):
             raise FilterForwardError(f"{path} row {number} has {len(row)} fields, the header {len(header)}: fix it")
     return header, rows
+
+
+def _why_not_an_event(path: Path, column: str) -> str:
+    """Why labels.csv's column of this name is no event ('' when the file or the column is not there)."""
+    if not path.is_file():
+        return ""
+    header, rows = _read_csv(path)
+    if column not in header:
+        return ""
+    position = header.index(column)
+    bad = next((row for row in rows if row[position] not in EVENT_VALUES), None)
+    if bad is None:
+        return f" (labels.csv has the column, but {CONFIG_FILE}'s events: does not list it)"
+    return f" (its labels.csv column holds {bad[position]!r} on frame {bad[0]}: an event's values are 1, 0 and -1)"
 
 
 def _frame_indices(path: Path, rows: list[list[str]]) -> np.ndarray:
