@@ -44,6 +44,18 @@ def ensure_base_model(path: Path | None = None) -> Path:
     return path
 
 
+def base_model_file(path: Path | None) -> Path:
+    """The base model's ONNX file: the given one, or the default export (made first if missing)."""
+    if path is None:
+        return ensure_base_model()
+    path = Path(path)
+    if path.is_dir():
+        raise FilterForwardError(f"base model {path} is a folder: give the path of an ONNX file with named taps")
+    if not path.is_file():
+        raise FilterForwardError(f"base model {path} does not exist: give the path of an ONNX file with named taps")
+    return path
+
+
 def export_base_model(path: Path, sample_size: tuple[int, int] = (224, 224)) -> Path:
     """Export EfficientNet-Lite0 with its taps; height and width stay dynamic (multiples of 32)."""
     import torch

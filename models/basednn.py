@@ -11,7 +11,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from models.base_export import ensure_base_model
+from models.base_export import base_model_file
 from models.base_identity import identify
 from models.base_runtime import Runner, open_runner
 from models.errors import FilterForwardError
@@ -38,7 +38,7 @@ class BaseDNN:
             self.input_size = check_input_size(tuple(input_size))
         except ValueError as exc:
             raise FilterForwardError(str(exc)) from None
-        self.model_path = ensure_base_model(model_path) if model_path is None else _existing(model_path)
+        self.model_path = base_model_file(model_path)
         self.identity = identify(self.model_path)  # what filters must have been trained on
         self.runner = open_runner(self.model_path, self.identity.precision, self.input_size, threads, runtime)
         self.taps = self._read_taps()
@@ -114,10 +114,3 @@ def pixels(images: np.ndarray) -> np.ndarray:
     """The discrete baseline's input: prepared frames as float32 NCHW in [0, 1]."""
     batch = images[None] if images.ndim == 3 else images
     return np.ascontiguousarray(batch.transpose(0, 3, 1, 2), dtype=np.float32) / 255.0
-
-
-def _existing(path: Path) -> Path:
-    path = Path(path)
-    if not path.is_file():
-        raise FilterForwardError(f"base model {path} does not exist: give the path of an ONNX file with named taps")
-    return path

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
-from models.base_export import ensure_base_model, file_digest
+from models.base_export import base_model_file, file_digest
 from models.cache import cache_dir, written_whole
 from models.datasets.labelled import LabelledDataset
 from models.errors import FilterForwardError
@@ -108,17 +108,6 @@ def cache_key(dataset: LabelledDataset, request: FeatureRequest, input_size: tup
     if request.mirrored:
         identity["mirrored"] = True
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def base_model_file(model_path: Path | None) -> Path:
-    """The base model's ONNX file: the given one, or the default export (made first if missing)."""
-    if model_path is None:
-        return ensure_base_model()
-    if not Path(model_path).is_file():
-        raise FilterForwardError(
-            f"base model {model_path} does not exist: give the path of an ONNX file with named taps"
-        )
-    return Path(model_path)
 
 
 def checked_range(dataset: LabelledDataset, frames: tuple[int, int] | None) -> tuple[int, int]:

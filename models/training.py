@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from torch import nn
 from tqdm import tqdm
 
+from models.base_export import base_model_file
 from models.base_identity import identify
 from models.bundle import check_mc_model, write_bundle
 from models.coverage import one_place_warning
@@ -45,7 +46,7 @@ from models.curriculum import CurriculumScheduler
 from models.datasets.labelled import UNCERTAIN, LabelledDataset
 from models.errors import FilterForwardError, validation_summary
 from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1
-from models.features import FeatureRequest, base_model_file, cached_features, checked_range
+from models.features import FeatureRequest, cached_features, checked_range
 from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec, MotionVeto, Smoothing, Validation
 from models.mc_export import export_mc, verify_export
 from models.mc_kinds import MC_KINDS, MCKind

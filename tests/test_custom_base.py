@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from edge.mcbank import CameraState, MCBank
+from filterforward.cli import main
 from models.basednn import BaseDNN
 from models.bundle import FEATURES_INPUT, SCORE_OUTPUT
 from models.errors import FilterForwardError
@@ -81,3 +82,15 @@ def test_custom_base_model_taps_are_discovered_and_feed_mcs(tmp_path: Path) -> N
 def test_a_base_model_without_an_image_input_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FilterForwardError, match="one input named 'image'"):
         BaseDNN((64, 32), write_base(tmp_path / "bad.onnx", input_name="pixels_in"))
+
+
+def test_a_base_model_path_that_is_no_file_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every command that takes --base-model checks it the same way (models info as train and eval)."""
+    for path, what in ((tmp_path, "is a folder"), (tmp_path / "none.onnx", "does not exist")):
+        assert main(["models", "info", "--base-model", str(path)]) == 2
+        hint = "give the path of an ONNX file with named taps"
+        assert capsys.readouterr().err.strip() == f"filterforward models: error: base model {path} {what}: {hint}"
+        with pytest.raises(FilterForwardError, match=f"base model .* {what}: give the path of an ONNX file"):
+            BaseDNN((64, 32), path)

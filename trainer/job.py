@@ -90,7 +90,7 @@ def _reason(exc: Exception) -> str:
 
 def _base_model(given: Path | None) -> Path:
     """The base model's file, found (or exported once) in the user cache before the job's cache replaces it."""
-    from models.features import base_model_file
+    from models.base_export import base_model_file
 
     return base_model_file(given).resolve()
 

@@ -35,7 +35,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--input-size", default="768x448", help="int8: the edge's input size, WxH (default 768x448)")
     export.set_defaults(func=_export)
     info = actions.add_parser("info", help="list the taps of a base model and their shapes at an input size")
-    info.add_argument("--model", type=Path, help="an ONNX base model (default: the exported EfficientNet-Lite0)")
+    info.add_argument(
+        "--base-model",
+        "--model",
+        dest="model",
+        type=Path,
+        help="an ONNX base model, as train and eval take it (default: the exported EfficientNet-Lite0)",
+    )
     info.add_argument("--input-size", default="768x448", help="WxH, multiples of 32 (default 768x448)")
     info.add_argument("--runtime", default="auto", choices=RUNTIMES, help="what runs it (default: by its precision)")
     info.set_defaults(func=_info)
