@@ -40,9 +40,18 @@ DRAIN_MAX = 10.0  # seconds a stopping node waits at most for the cloud to ackno
 POLL = 0.1  # seconds between checks for a stop request (a signal handler only bumps a counter)
 
 
-def load_filters(bank: MCBank, bundles: list[Path]) -> list[tuple[FilterSpec, bytes]]:
+def load_filters(bank: MCBank, bundles: list[Path], cameras: list[str]) -> list[tuple[FilterSpec, bytes]]:
     filters = load_bundles(bundles)
     bank.put_many(filters)
+    for spec, _ in filters:
+        if not any(spec.applies_to(camera) for camera in cameras):
+            log.warning(
+                "filter %s is for cameras %s, none of which this edge has (%s): it runs nowhere: in its spec.json, set "
+                "cameras to this edge's camera names or '*'",
+                spec.name,
+                ", ".join(spec.cameras),
+                ", ".join(cameras),
+            )
     return filters
 
 
@@ -77,8 +86,8 @@ class EdgeNode:
         self.bank = MCBank(
             self.base.taps, self.base.input_size, base_model=self.base.identity, weights=config.mc_weights
         )
-        local = load_filters(self.bank, config.filters)
         cameras = [cam.name for cam in config.cameras]
+        local = load_filters(self.bank, config.filters, cameras)
         self.link: Link | None = None
         self.uplink: Uplink | None = None
         self.filtersync: FilterSync | None = None

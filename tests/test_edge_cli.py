@@ -57,6 +57,21 @@ def test_edge_run_writes_matched_frames_and_events(config: Path) -> None:
     assert "camera gate:" in result.stderr and "fps" in result.stderr  # the periodic stats line
 
 
+def test_a_filter_for_none_of_the_edge_s_cameras_is_named_in_a_warning(config: Path, make_filter) -> None:
+    spec, onnx = make_filter("full_frame", "late", SIZE, name="elsewhere", bias=10.0, cameras=["loading-dock"])
+    write_bundle(config.parent / "elsewhere", spec, onnx)
+    data = yaml.safe_load(config.read_text())
+    data["filters"].append("elsewhere")
+    config.write_text(yaml.safe_dump(data))
+    result = filterforward("edge", "run", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "filter elsewhere is for cameras loading-dock, none of which this edge has (gate): it runs nowhere"
+        in result.stderr
+    )
+    assert "filter always is for cameras" not in result.stderr  # '*': every camera
+
+
 def test_sigterm_stops_a_realtime_camera_cleanly(config: Path) -> None:
     data = yaml.safe_load(config.read_text())
     data["cameras"][0]["pacing"] = "realtime"
