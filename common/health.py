@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from models.errors import FilterForwardError
+from common.listening import cannot_listen
 
 HEALTH_PATH = "/healthz"
 
@@ -20,8 +20,8 @@ class HealthServer:
         try:
             self._server = ThreadingHTTPServer((host, port), handler)
         except OSError as exc:
-            raise FilterForwardError(
-                f"cannot serve the health check on {host}:{port} ({exc.strerror}): pick a free port"
+            raise cannot_listen(
+                "serve the health check", host, port, exc, "--health-port", "the host it binds"
             ) from None
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]

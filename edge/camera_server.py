@@ -17,6 +17,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from common.listening import cannot_listen
 from edge.sources import DEFAULT_FPS, VideoSource
 from models.errors import FilterForwardError
 
@@ -190,7 +191,7 @@ class CameraServer:
             self._http = ThreadingHTTPServer((host, port), _make_handler(self.player))
         except OSError as exc:
             self.player.stop()
-            raise FilterForwardError(f"cannot listen on {host}:{port} ({exc.strerror}): pick another port") from None
+            raise cannot_listen("listen", host, port, exc, "--port", "--host") from None
         self._http.daemon_threads = True
         self._thread = threading.Thread(target=self._http.serve_forever, name="camera http", daemon=True)
 

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from models.errors import FilterForwardError
+from common.listening import cannot_listen
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,7 @@ class MetricsServer:
         try:
             self._server, self._thread = start_http_server(port, address, registry=registry)
         except OSError as exc:
-            raise FilterForwardError(
-                f"cannot serve metrics on {address}:{port} ({exc.strerror or exc}): set metrics_port to a free port"
-            ) from None
+            raise cannot_listen("serve metrics", address, port, exc, "metrics_port", "the address it binds") from None
         self.port = self._server.server_address[1]
         log.info("metrics at http://%s:%d/metrics", address, self.port)
 

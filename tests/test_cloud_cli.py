@@ -85,7 +85,8 @@ def test_a_bad_port_option(tmp_path: Path) -> None:
     ("settings", "detail"),
     [
         ({"zmq": {"ingest_port": "BUSY"}}, "cannot bind zmq.ingest_port to tcp://127.0.0.1:BUSY"),
-        ({"port": "BUSY"}, "cannot listen on 127.0.0.1:BUSY (Address already in use): pick a free port"),
+        ({"port": "BUSY"}, "cannot listen on 127.0.0.1:BUSY (Address already in use): set port (or --port) to a free"),
+        ({"host": "nothing.invalid"}, "): set host (or --host) to an address of this machine (0.0.0.0: all of them"),
         ({"data_dir": "/proc/no-such/data"}, "cannot create data_dir /proc/no-such/data (No such file or directory)"),
         (
             {"database_url": "postgresql+psycopg://ff:hunter2@127.0.0.1:1/ff"},
@@ -101,7 +102,16 @@ def test_a_bad_port_option(tmp_path: Path) -> None:
             "key file KEYS/absent.key_secret does not exist",
         ),
     ],
-    ids=["zmq port in use", "http port in use", "data_dir", "database down", "database url", "edge_keys", "secret"],
+    ids=[
+        "zmq port in use",
+        "http port in use",
+        "unknown host",
+        "data_dir",
+        "database down",
+        "database url",
+        "edge_keys",
+        "secret",
+    ],
 )
 def test_what_the_host_cannot_honour_is_one_line_and_exit_code_2(tmp_path: Path, settings: dict, detail: str) -> None:
     keys = tmp_path / "keys"

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import socket
 from contextlib import ExitStack
 from pathlib import Path
 
-from models.errors import FilterForwardError
+from common.listening import cannot_listen
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +60,7 @@ def _listen(host: str, port: int) -> socket.socket:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         return socket.create_server((host, port), family=family)
     except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise FilterForwardError(
-            f"cannot listen on {host}:{port} ({reason}): pick a free port (port, or --port) or stop what is using it"
-        ) from None
+        raise cannot_listen("listen", host, port, exc, "port (or --port)", "host (or --host)") from None
 
 
 def _port(text: str) -> int:
