@@ -54,6 +54,8 @@ def load_keypair(path: Path) -> tuple[bytes, bytes]:
 
 def _load(path: Path) -> tuple[bytes, bytes | None]:
     path = Path(path)
+    if path.is_dir():
+        raise FilterForwardError(f"key file {path} is a folder: give the key file in it (NAME.key or NAME.key_secret)")
     if not path.is_file():
         raise FilterForwardError(f"key file {path} does not exist: create it with `filterforward keys create`")
     try:

@@ -52,3 +52,6 @@ def test_show_prints_the_public_key(tmp_path: Path) -> None:
         assert result.stdout == public_key.decode() + "\n"
     result = filterforward("keys", "show", str(tmp_path / "missing.key"))
     assert result.returncode == 2 and "does not exist" in result.stderr
+    result = filterforward("keys", "show", str(tmp_path))
+    assert result.returncode == 2
+    assert f"key file {tmp_path} is a folder: give the key file in it (NAME.key or NAME.key_secret)" in result.stderr
