@@ -39,9 +39,10 @@ MODEL_STRIDE = 32
 def check_input_size(input_size: tuple[int, int], stride: int = MODEL_STRIDE) -> tuple[int, int]:
     width, height = input_size
     if width <= 0 or height <= 0 or width % stride or height % stride:
+        near_width, near_height = round_input_size((max(width, 1), max(height, 1)), stride)
         raise ValueError(
             f"input size {width}x{height} is not valid: width and height must be positive multiples of "
-            f"{stride} (e.g. {round_input_size((max(width, 1), max(height, 1)), stride)})"
+            f"{stride} (e.g. {near_width}x{near_height})"
         )
     return width, height
 

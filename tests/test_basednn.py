@@ -86,7 +86,7 @@ def test_pixels_are_normalised_nchw() -> None:
 
 
 def test_bad_input_size_is_explained() -> None:
-    with pytest.raises(FilterForwardError, match="multiples of 32"):
+    with pytest.raises(FilterForwardError, match=r"multiples of 32 \(e\.g\. 96x96\)$"):  # as --input-size takes it
         BaseDNN((100, 100))
 
 
