@@ -88,6 +88,8 @@ class EdgeNode:
         )
         cameras = [cam.name for cam in config.cameras]
         local = load_filters(self.bank, config.filters, cameras)
+        if not local and (sink is not None or config.cloud is None):
+            log.warning("no filters: nothing will be matched; list filter bundles under filters:, or add a cloud:")
         self.link: Link | None = None
         self.uplink: Uplink | None = None
         self.filtersync: FilterSync | None = None

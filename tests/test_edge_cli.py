@@ -72,6 +72,15 @@ def test_a_filter_for_none_of_the_edge_s_cameras_is_named_in_a_warning(config: P
     assert "filter always is for cameras" not in result.stderr  # '*': every camera
 
 
+def test_an_edge_without_filters_says_it_will_match_nothing(config: Path) -> None:
+    data = yaml.safe_load(config.read_text())
+    data["filters"] = []
+    config.write_text(yaml.safe_dump(data))
+    result = filterforward("edge", "run", "--config", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "no filters: nothing will be matched; list filter bundles under filters:, or add a cloud:" in result.stderr
+
+
 def test_sigterm_stops_a_realtime_camera_cleanly(config: Path) -> None:
     data = yaml.safe_load(config.read_text())
     data["cameras"][0]["pacing"] = "realtime"
