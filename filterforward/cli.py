@@ -30,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Edge video filtering: one shared base DNN per frame, many tiny microclassifiers, "
         "only the frames your applications care about leave the edge.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, tracebacks, and OpenCV's own warnings"
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"filterforward.commands.{name}").register(subparsers)
