@@ -189,12 +189,12 @@ class Datasets:
     def frame_count(self, session: Session, name: str) -> int:
         return session.scalar(select(func.count()).where(DatasetFrame.dataset == name)) or 0
 
-    def no_frame(self, session: Session, name: str, number: int) -> DatasetError:
-        """The 404 for a frame a dataset does not have, saying which it has (or that the dataset does not exist)."""
-        self.get(session, name)
-        frames = self.frame_count(session, name)
-        have = f"it has frames 0 to {frames - 1}" if frames else "it has no frames yet"
-        return DatasetError(404, f"frame {number} is not in dataset {name!r}: {have}")
+    def no_frame(self, name: str, number: int) -> DatasetError:
+        """The 404 for a frame a dataset does not have, saying which it has (or that the dataset does not exist);
+        its own session, as only a request that failed needs one."""
+        with self._sessions() as session:
+            self.get(session, name)
+            return _no_frame(name, number, self.frame_count(session, name))
 
     # -- changing --------------------------------------------------------------------------------------------
 
@@ -207,7 +207,7 @@ class Datasets:
             changes = dict(labels)
             outside = sorted(frame for frame in changes if not 0 <= frame < frames)
             if outside:
-                raise self.no_frame(session, name, outside[0])
+                raise _no_frame(name, outside[0], frames)
             session.execute(
                 delete(Label).where(Label.dataset == name, Label.event == event, Label.frame_index.in_(changes))
             )
@@ -390,6 +390,11 @@ def _requested(session: Session, request: str, edge: str, lock: bool = False) ->
     """The dataset a footage request of `edge` is for (None: deleted meanwhile, or another edge's)."""
     query = select(Dataset).where(Dataset.request == request, Dataset.edge_id == edge)
     return session.scalar(query.with_for_update() if lock else query)
+
+
+def _no_frame(name: str, number: int, frames: int) -> DatasetError:
+    have = f"it has frames 0 to {frames - 1}" if frames else "it has no frames yet"
+    return DatasetError(404, f"frame {number} is not in dataset {name!r}: {have}")
 
 
 def _check_event(event: str) -> None:

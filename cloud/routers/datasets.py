@@ -150,11 +150,11 @@ def delete_dataset(name: DatasetName, datasets: DatasetsDep) -> None:
     responses={200: {"content": {"image/jpeg": {}}, "description": "the frame"}},
 )
 def get_frame(
-    name: DatasetName, number: Annotated[int, Path(ge=0, le=2**31 - 1)], datasets: DatasetsDep, session: SessionDep
+    name: DatasetName, number: Annotated[int, Path(ge=0, le=2**31 - 1)], datasets: DatasetsDep
 ) -> FileResponse:
     path = datasets.folders.image(name, number)
     if not path.is_file():
-        raise datasets.no_frame(session, name, number)
+        raise datasets.no_frame(name, number)
     return FileResponse(path, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})
 
 
