@@ -38,9 +38,29 @@ def polygon_errors(points: tuple[Point, ...]) -> str | None:
     array = np.asarray(points, dtype=float)
     if not np.isfinite(array).all() or array.min() < 0.0 or array.max() > 1.0:
         return "polygon points must be in normalised coordinates 0..1"
+    if _crosses_itself(array):
+        return "the polygon crosses itself: list its points in order around the region"
     if abs(_area(array)) < 1e-9:
         return "the polygon has no area"
     return None
+
+
+def _crosses_itself(points: np.ndarray) -> bool:
+    """Whether two edges that share no corner cross: points listed out of order (a box given corner to opposite
+    corner) would make a bow tie, whose two halves count as inside by the even-odd rule."""
+    starts, ends = points, np.roll(points, -1, axis=0)
+    first, second = np.triu_indices(len(points), k=2)
+    apart = ~((first == 0) & (second == len(points) - 1))  # the last edge ends where the first starts
+    first, second = first[apart], second[apart]
+    a, b, c, d = starts[first], ends[first], starts[second], ends[second]
+    straddles_second = _side(c, d, a) * _side(c, d, b) < -1e-12
+    straddles_first = _side(a, b, c) * _side(a, b, d) < -1e-12
+    return bool(np.any(straddles_second & straddles_first))
+
+
+def _side(a: np.ndarray, b: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Per row, the sign of which side of the line a->b the point p lies on (cross product)."""
+    return (b[:, 0] - a[:, 0]) * (p[:, 1] - a[:, 1]) - (b[:, 1] - a[:, 1]) * (p[:, 0] - a[:, 0])
 
 
 def contains(points: tuple[Point, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -125,6 +125,12 @@ def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path
                 422,
             ),
             "two points": (client.put, "/api/datasets/refusals/regions/car", {"polygon": [[0, 0], [1, 1]]}, 422),
+            "bow tie": (
+                client.put,
+                "/api/datasets/refusals/regions/car",
+                {"polygon": [[0, 0], [1, 1], [1, 0], [0, 1]]},
+                422,
+            ),
             "unknown dataset": (client.put, "/api/datasets/nothing/labels", {"event": "car", "labels": good}, 404),
             "unknown edge": (
                 client.post,
@@ -140,6 +146,8 @@ def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path
             assert isinstance(detail, str) and "\n" not in detail, (what, detail)
             if what == "frame twice":
                 assert "frame 2 is given more than once: give each frame one value" in detail
+            if what == "bow tie":
+                assert "crosses itself: list its points in order around the region" in detail
         taken = client.post("/api/datasets/upload", data={"name": "refusals"}, files={"video": ("c.mp4", b"x")})
         assert taken.status_code == 409 and "exists" in taken.json()["detail"]
         garbage = client.post("/api/datasets/upload", data={"name": "garbage"}, files={"video": ("c.mp4", b"x" * 99)})

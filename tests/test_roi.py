@@ -28,6 +28,8 @@ def test_a_polygon_brings_its_bounding_box() -> None:
         (((0, 0), (1, 1)), "at least 3 points"),
         (((0, 0), (1.5, 0), (1, 1)), "normalised coordinates"),
         (((0, 0), (0.5, 0.5), (1, 1)), "no area"),
+        (((0, 0), (1, 1), (1, 0), (0, 1)), "crosses itself"),  # a box's corners given diagonally
+        (((0.1, 0.1), (0.6, 0.9), (0.6, 0.1), (0.1, 0.7)), "crosses itself"),  # a bow tie with area
         (tuple((i / 100, (i % 2) / 2) for i in range(65)), "at most 64 points"),
     ],
 )
@@ -114,3 +116,15 @@ def test_filter_specs_carry_polygons() -> None:
     assert FilterSpec(name="g", architecture="full_frame", tap="late", input_size=(64, 64)).roi == FULL_FRAME
     assert FULL_FRAME.describe() == "full frame"
     assert ROI(polygon=TRAPEZOID).describe() == "polygon 0,0.45 0.2,0.45 0.3,1 0,1"
+
+
+@pytest.mark.parametrize(
+    "points",
+    [
+        ((0, 0), (1, 0), (1, 1), (0.5, 0.3), (0, 1)),  # concave
+        ((0, 0), (0.33, 0), (0.33, 1), (0, 1), (0, 0)),  # closed by repeating the first point
+        ((0, 0), (1, 0), (1, 0.5), (0.5, 0.5), (0.5, 1), (0, 1)),  # an L with a corner on no other edge
+    ],
+)
+def test_simple_polygons_are_accepted(points: tuple) -> None:
+    assert ROI(polygon=points).polygon == tuple(tuple(map(float, p)) for p in points)
