@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +124,7 @@ def score_summary(f1: list[float], precision: list[float], event_recall: list[fl
 class Settings:
     data: Path
     clips: tuple[str, ...]
+    events: tuple[str, ...]
     kinds: tuple[str, ...]
     seeds: tuple[int, ...]
     sizes: tuple[str, ...]
@@ -251,7 +252,8 @@ def motion_rows(dataset: LabelledDataset, clip: Clip) -> list[Row]:
 def run(settings: Settings) -> list[Row]:
     rows: list[Row] = []
     for clip in CLIPS:
-        if clip.folder not in settings.clips:
+        clip = replace(clip, events=tuple(e for e in clip.events if e.name in settings.events))
+        if clip.folder not in settings.clips or not clip.events:
             continue
         dataset = open_clip(clip, settings.data)
         if settings.motion:
@@ -305,6 +307,7 @@ def write_json(path: Path, rows: list[Row], settings: Settings) -> None:
     document = {
         "settings": {
             "clips": settings.clips,
+            "events": settings.events,
             "kinds": settings.kinds,
             "seeds": settings.seeds,
             "sizes": settings.sizes,
@@ -381,6 +384,8 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
     parser.add_argument("--data", type=Path, default=default_data, help="folder with the real clips")
     clips = tuple(c.folder for c in CLIPS)
     parser.add_argument("--clips", type=choices(clips), default=clips, help="comma-separated clip folders")
+    events = tuple(dict.fromkeys(e.name for c in CLIPS for e in c.events))
+    parser.add_argument("--events", type=choices(events), default=events, help="comma-separated events of the clips")
     parser.add_argument("--kinds", type=choices(KINDS), default=KINDS, help="comma-separated MC kinds and default")
     parser.add_argument("--seeds", type=seed_range, default=tuple(range(5)), help="seeds, e.g. 0-4 (default)")
     parser.add_argument(
@@ -395,7 +400,16 @@ def parse_args(argv: Sequence[str] | None) -> Settings:
     if args.quick:
         args.kinds, args.seeds, args.sizes = (DEFAULT, "full_frame"), (0,), ("half",)
     return Settings(
-        args.data, args.clips, args.kinds, args.seeds, args.sizes, args.out, args.json, args.motion, args.gate
+        args.data,
+        args.clips,
+        args.events,
+        args.kinds,
+        args.seeds,
+        args.sizes,
+        args.out,
+        args.json,
+        args.motion,
+        args.gate,
     )
 
 
