@@ -228,8 +228,16 @@ def read_labels(table: Table, n_frames: int, events: list[str] | None = None) ->
     if missing:
         raise FilterForwardError(f"{path} lacks the event columns {missing} named in {CONFIG_FILE}: add or unlist them")
     if not names:
-        raise FilterForwardError(f"{path} has no event column (values 0, 1 or -1 on every row): add one")
+        raise FilterForwardError(
+            f"{path} has no event column (values 0, 1 or -1 on every row{_first_non_event_value(columns, frame_index)})"
+            ": add one"
+        )
     inside = frame_index < n_frames
+    if len(frame_index) and not inside.any():
+        raise FilterForwardError(
+            f"{path} labels frames {frame_index.min()} to {frame_index.max()}, but the video has {n_frames} "
+            f"(0 to {n_frames - 1}): frame_index counts the decoded frames from 0; is it this video's labels file?"
+        )
     if not inside.all():
         log.warning(
             "%s: %d rows are past the last of the %d decoded frames and are ignored (frame_index is 0-based)",
@@ -274,7 +282,11 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
             f"{path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} on line {line}): save it as UTF-8 CSV"
         ) from None
     if not table or table[0][0] != FRAME_INDEX:
-        raise FilterForwardError(f"{path} must start with a header whose first column is {FRAME_INDEX!r}")
+        found = f" (it starts {table[0][0][:40]!r})" if table else " (it is empty)"
+        separator = "; separate columns with commas" if table and table[0][0].startswith(FRAME_INDEX) else ""
+        raise FilterForwardError(
+            f"{path} must start with a header whose first column is {FRAME_INDEX!r}{found}{separator}"
+        )
     header, rows = table[0], table[1:]
     if len(set(header)) != len(header):
         raise FilterForwardError(f"{path} repeats a column name in its header: give each column its own name")
@@ -282,6 +294,15 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
         if len(row) != len(header):
             raise FilterForwardError(f"{path} row {number} has {len(row)} fields, the header {len(header)}: fix it")
     return header, rows
+
+
+def _first_non_event_value(columns: dict[str, list[str]], frame_index: np.ndarray) -> str:
+    """Where the first column that might have been meant as an event leaves 0/1/-1, as '; NAME holds V on frame F'."""
+    for name, values in columns.items():
+        bad = next((i for i, value in enumerate(values) if value not in EVENT_VALUES), None)
+        if name != CAMERA_FRAME and bad is not None:
+            return f"; {name!r} holds {values[bad]!r} on frame {frame_index[bad]}"
+    return ""
 
 
 def _why_not_an_event(path: Path, column: str) -> str:
