@@ -21,10 +21,13 @@ MIN_REGION_CELLS = 4
 ONE_PLACE = 0.25
 
 
-def one_place_warning(model: MicroClassifier, positives: torch.Tensor, roi: ROI, mask: np.ndarray) -> str | None:
+def one_place_warning(
+    model: MicroClassifier, positives: torch.Tensor, roi: ROI, mask: np.ndarray, tap_hw: tuple[int, int]
+) -> str | None:
     """A warning when the MC found the event in one small part of its region on every positive frame.
 
-    `positives`: the positive training frames' crops [B, C, h, w]; `mask`: the region's cells [h, w]."""
+    `positives`: the positive training frames' crops [B, C, h, w]; `mask`: the region's cells [h, w] of the crop;
+    `tap_hw`: the whole tap's cells (the crop is `roi.cells` of it, context included)."""
     if model.architecture != FullFrame.architecture or not len(positives):
         return None
     rows, cols = np.nonzero(mask)
@@ -38,8 +41,9 @@ def one_place_warning(model: MicroClassifier, positives: torch.Tensor, roi: ROI,
     row_spread, col_spread = _spread(row) / region_rows, _spread(col) / region_cols
     if max(row_spread, col_spread) > ONE_PLACE:
         return None
-    x = roi.x0 + (np.median(col) + 0.5) / width * (roi.x1 - roi.x0)
-    y = roi.y0 + (np.median(row) + 0.5) / mask.shape[0] * (roi.y1 - roi.y0)
+    crop_rows, crop_cols = roi.cells(*tap_hw)
+    x = (crop_cols.start + np.median(col) + 0.5) / tap_hw[1]
+    y = (crop_rows.start + np.median(row) + 0.5) / tap_hw[0]
     return (
         f"every training frame shows the event at one place in the region (around x={x:.2f}, y={y:.2f} of the "
         "frame): the filter may only know it there; label occurrences at other places in the region"

@@ -421,7 +421,7 @@ def finish_training(
     train_scores = event_f1(data.labels, point.apply(scores), BOUNDARY_TOLERANCE)
     if validation is not None and motion is not None:
         validation = _with_veto(validation, data)
-    estimate = validation and _with_coverage(validation.validation, model, data, config)
+    estimate = validation and _with_coverage(validation.validation, model, data, config, model_path)
     base = None if config.kind.reads_pixels else identify(base_model_file(model_path))
     n_positive, n_negative = int(data.targets.sum()), int((data.targets == 0).sum())
     warnings = () if validation else tuple(unvalidated_warnings(n_positive, n_negative))
@@ -433,11 +433,11 @@ def finish_training(
 
 
 def _with_coverage(
-    validation: Validation, model: MicroClassifier, data: TrainingData, config: TrainConfig
+    validation: Validation, model: MicroClassifier, data: TrainingData, config: TrainConfig, model_path: Path | None
 ) -> Validation:
     """The validation, warning also when the training frames show the event at one place of a large region."""
     positives, _ = data.inputs(data.frames[data.targets == 1], config.device)
-    warning = one_place_warning(model, positives, config.roi, data.mask)
+    warning = one_place_warning(model, positives, config.roi, data.mask, _tap_shape(config, model_path)[1:])
     if warning is None:
         return validation
     log.warning("%s", warning)

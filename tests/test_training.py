@@ -472,14 +472,21 @@ def test_an_event_seen_at_one_place_of_its_region_is_warned_about() -> None:
     roi = ROI(x0=0.5, y0=0.0, x1=1.0, y1=1.0)
     at_one_place = torch.zeros(12, 4, 8, 8)
     at_one_place[:, 0, 6, 1] = 1.0  # every positive frame: the event at row 6, column 1
-    warning = one_place_warning(model, at_one_place, roi, region)
+    tap = (8, 16)  # the region is the tap's right half: columns 8-15
+    warning = one_place_warning(model, at_one_place, roi, region, tap)
     assert warning is not None and "around x=0.59, y=0.81 of the frame" in warning
     moving = torch.zeros(12, 4, 8, 8)
     moving[np.arange(12), 0, np.arange(12) % 8, (3 * np.arange(12)) % 8] = 1.0  # across the region
-    assert one_place_warning(model, moving, roi, region) is None
+    assert one_place_warning(model, moving, roi, region, tap) is None
     narrow = np.zeros((8, 8), bool)
     narrow[:, :2] = True  # a region two cells wide has no separate places to tell apart
-    assert one_place_warning(model, at_one_place, roi, narrow) is None
+    assert one_place_warning(model, at_one_place, roi, narrow, tap) is None
+    # With a cell of context the crop starts a column left of the region: the place is told in frame coordinates.
+    quarter = ROI(x0=0.5, y0=0.0, x1=0.75, y1=1.0, context=1)  # columns 8-11, the crop 7-12
+    crop = torch.zeros(12, 4, 8, 6)
+    crop[:, 0, 6, 2] = 1.0  # column 9 of the tap
+    warning = one_place_warning(model, crop, quarter, quarter.cell_mask(*tap), tap)
+    assert warning is not None and "around x=0.59, y=0.81 of the frame" in warning
 
 
 def test_a_step_hook_sees_every_step_of_the_model_being_trained(tiny: LabelledDataset, base_model: Path) -> None:
