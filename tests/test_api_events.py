@@ -244,10 +244,16 @@ def test_ids_beyond_64_bits_are_refused(scene: Scene, path: str) -> None:
         ({"cursor": cursor_of('["0001-01-01T00:00:00+01:00", 5]')}, 400, "cursor is not one"),
         ({"since": "0001-01-01T00:00:00+01:00"}, 400, "since=0001-01-01T00:00:00+01:00 is outside years 1-9999"),
         ({"until": "9999-12-31T23:59:59-01:00"}, 400, "until=9999-12-31T23:59:59-01:00 is outside years 1-9999"),
+        (
+            {"since": "2024-05-02T02:00:00+02:00", "until": "2024-05-01T23:00:00Z"},
+            400,
+            "since=2024-05-02T02:00:00+02:00 is after until=2024-05-01T23:00:00+00:00: give since before until",
+        ),
     ],
     ids=[
         "garbage cursor", "forged cursor", "bad since", "bad until", "limit 0", "limit 501",
         "cursor id past 2^63", "cursor id 1e400", "cursor near year 1", "since near year 1", "until near year 9999",
+        "since after until",
     ],
 )  # fmt: skip
 def test_bad_queries_are_refused(scene: Scene, params: dict, status: int, detail: str) -> None:

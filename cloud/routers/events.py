@@ -72,10 +72,14 @@ def list_events(
     for column, value in ((Event.filter, filter_name), (Event.camera, camera), (Event.edge_id, edge)):
         if value is not None:
             query = query.where(column == value)
-    if since is not None:
-        query = query.where(Event.started_at >= in_utc("since", since))
-    if until is not None:
-        query = query.where(Event.started_at < in_utc("until", until))
+    start = None if since is None else in_utc("since", since)
+    stop = None if until is None else in_utc("until", until)
+    if start is not None and stop is not None and start > stop:
+        raise _bad_request(f"since={since.isoformat()} is after until={until.isoformat()}: give since before until")
+    if start is not None:
+        query = query.where(Event.started_at >= start)
+    if stop is not None:
+        query = query.where(Event.started_at < stop)
     if cursor:  # empty: the first page
         started_at, event_id = decode_cursor(cursor)
         query = query.where(
