@@ -15,9 +15,11 @@ crop average-pooled to d percent of its cells per side (then repeated back to th
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cache, partial
@@ -278,10 +280,24 @@ def train_mc(
     and write the bundle to `out_dir`. `final_threshold`: the final model's own threshold instead of the held-out
     one (what the default filter does, models.crossval.FINAL_THRESHOLD)."""
     data = load_training_data(dataset, config, model_path, progress)
-    fit = partial(fit_mc, config, progress=progress)
-    validation = cross_validate(data, config, fit, threshold=final_threshold)
-    model, losses = fit(data)
+    model, losses, validation = fit_and_validate(data, config, progress, final_threshold)
     return finish_training(model, data, config, out_dir, model_path, losses, validation, final_threshold)
+
+
+def fit_and_validate(
+    data: TrainingData, config: TrainConfig, progress: bool = True, threshold: float | None = None
+) -> tuple[MicroClassifier, list[float], CrossValidation | None]:
+    """The MC trained on every training frame, its losses, and the cross-validation (cross_validate), their fits
+    side by side as far as the cores allow: each trains its own model on `config.threads` torch threads, so each
+    trains exactly what it would alone. The final fit shows progress; the folds log theirs."""
+    workers = max(1, (os.cpu_count() or 1) // config.threads)
+    with torch_threads(config.threads), ThreadPoolExecutor(workers, "fit") as pool:
+        final = pool.submit(fit_mc, config, data, progress)
+        validation = cross_validate(
+            data, config, partial(fit_mc, config, progress=False), threshold=threshold, pool=pool
+        )
+        model, losses = final.result()
+    return model, losses, validation
 
 
 StepHook = Callable[[int, MicroClassifier], None]  # (step, the model being trained): learning curves
@@ -339,17 +355,18 @@ def cross_validate(
     fit: Fit,
     plan: FoldPlan | None = None,
     threshold: float | None = None,
+    pool: Executor | None = None,
 ) -> CrossValidation | None:
     """Out-of-fold scores of every training frame over `plan` (default: fold_plan's) and the operating point they
     choose (at `threshold` if given, models.crossval.summarize); None when the training frames cannot be split
-    into two folds that each hold both classes."""
+    into two folds that each hold both classes. With a `pool` the folds are fitted in it."""
     if plan is None and (plan := fold_plan(data, config)) is None:
         return None
     labels = data.frame_labels()
     scores = np.full(labels.size, np.nan)
-    for number, fold in enumerate(plan.folds, start=1):
+    fitted = (pool.map if pool else map)(fit, [data.only(fold.train) for fold in plan.folds])
+    for number, (fold, (model, _)) in enumerate(zip(plan.folds, fitted, strict=True), start=1):
         log.info("cross-validation fold %d of %d: %d held-out frames", number, len(plan.folds), fold.held_out.size)
-        model, _ = fit(data.only(fold.train))
         check_finite(model, config)
         with torch_threads(config.threads):
             scores[fold.held_out] = predict(model, data, fold.held_out, device=config.device)

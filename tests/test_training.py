@@ -40,6 +40,7 @@ from models.training import (
     TrainConfig,
     cross_validate,
     finish_training,
+    fit_and_validate,
     fit_mc,
     load_training_data,
     make_optimizer,
@@ -414,6 +415,20 @@ def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(
     assert validation is not None and validation.validation == estimates[best_seed].validation
     assert validation.point == estimates[best_seed].point  # the kept draw's k-of-n goes into the filter ...
     assert validation.point.threshold == FINAL_THRESHOLD  # ... at the final model's own threshold
+
+
+def test_fits_side_by_side_train_what_they_would_one_after_another(clip: LabelledDataset, base_model: Path) -> None:
+    config = TrainConfig(event="any_object", architecture="localized", tap="mid", input_size=CLIP_SIZE,
+                         frames=(0, 240), steps=40)  # fmt: skip
+    data = load_training_data(clip, config, base_model, progress=False)
+    model, losses, validation = fit_and_validate(data, config, progress=False)  # the final fit and the folds at once
+    alone = cross_validate(data, config, partial(fit_mc, config, progress=False))
+    model_alone, losses_alone = fit_mc(config, data, progress=False)
+    assert validation is not None and alone is not None
+    np.testing.assert_array_equal(validation.scores, alone.scores)
+    assert validation.point == alone.point and losses == losses_alone
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, model_alone.state_dict()[name], rtol=0, atol=0)
 
 
 def test_the_motion_veto_is_fitted_on_the_training_frames_and_the_estimate_measured_with_it(

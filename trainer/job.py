@@ -13,7 +13,6 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -321,7 +320,7 @@ def _train(
     from models.distributed_training import launch
     from models.features import FeatureRequest, cached_features
     from models.model_selection import CANDIDATES, CandidateEstimate, choose_kind
-    from models.training import cross_validate, finish_training, fit_mc, load_training_data
+    from models.training import finish_training, fit_and_validate, fit_mc, load_training_data
 
     # Every frame, not only the labelled ones: the trained filter scores the unlabelled ones (the frames to label next).
     reporter.update("features", 0.0, f"base-DNN features of the {dataset.n_frames} frames")
@@ -331,19 +330,21 @@ def _train(
     reporter.update(
         "training", 0.0, "cross-validating" if arch == AUTO or nproc == 1 else f"training on {nproc} processes"
     )
+    validation, candidates = None, []
     if arch == AUTO:
         choice = choose_kind(dataset, config, base_model, progress=False)
         config, data, validation, candidates = choice.config, choice.data, choice.validation, choice.candidates
     else:
         data = load_training_data(dataset, config, base_model, progress=False)
-        validation = cross_validate(data, config, partial(fit_mc, config, progress=False)) if nproc == 1 else None
-        candidates = []
     if nproc > 1:  # the ranks train one model together: no ensemble (as `filterforward train --nproc`)
         config = dataclasses.replace(config, ensemble=1)
         result = launch(dataset, config, out, nproc, base_model, progress=False)
         reporter.update("exporting", 0.5, "scoring the examples")
     else:
-        model, losses = fit_mc(config, data, progress=False)
+        if arch == AUTO:
+            model, losses = fit_mc(config, data, progress=False)
+        else:
+            model, losses, validation = fit_and_validate(data, config, progress=False)
         reporter.update("exporting", 0.0, "exporting to ONNX")
         own = FINAL_THRESHOLD if arch == AUTO else None  # the default filter's threshold, with or without folds
         result = finish_training(model, data, config, out, base_model, losses, validation, own)
