@@ -103,7 +103,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--window", type=int, default=5, help="frames a windowed MC stacks (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: MCs are tiny)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads per model (default 1: MCs are tiny; the cross-validation's models and the final one "
+        "train side by side, as many as the cores allow)",
+    )
     parser.add_argument("--name", help="filter name (default: EVENT-ARCH)")
     parser.add_argument("--base-model", type=Path, help="base ONNX model with named taps (default: EfficientNet-Lite0)")
     parser.add_argument(
