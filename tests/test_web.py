@@ -18,8 +18,9 @@ import pytest
 from cloud_server import READ_WRITE, run_cloud
 
 from cloud.config import CloudConfig
-from models.filterspec import FilterSpec, MotionVeto, Validation
+from models.filterspec import FilterSpec, MotionVeto, Smoothing, Validation
 from models.mc_kinds import MC_KINDS
+from models.roi import ROI
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 Page = playwright_api.Page
@@ -253,3 +254,47 @@ def test_an_edge_shows_its_base_model_and_the_filters_it_refuses(
     sign_in(page, TOKEN)
     expect(cell).to_have_text("efficientnet-lite0 int8")
     expect(cell).to_have_attribute("title", "digest fedcba9876543210")
+
+
+def test_a_bundles_spec_fills_the_form_and_keeps_what_the_form_has_no_field_for(
+    page: Page, cloud: CloudConfig, make_filter: Callable[..., tuple[FilterSpec, bytes]], tmp_path: Path
+) -> None:
+    sign_in(page, TOKEN)
+    estimate = Validation(
+        event_f1=0.91, f1_min=0.8, f1_max=1.0, precision=0.95, event_recall=0.9, folds=3, occurrences=4,
+        method="occurrences", warnings=(),
+    )  # fmt: skip
+    spec, onnx = make_filter(
+        "full_frame", "mid", (128, 96), name="walkway", event="person_near", cameras=["gate"],
+        roi=ROI(polygon=((0.1, 0.5), (0.6, 0.5), (0.8, 1.0), (0.0, 1.0)), context=1),
+        smoothing=Smoothing(threshold=0.62, k=2, n=4), motion=MotionVeto(min_foreground=0.01, frames=5),
+        validation=estimate,
+    )  # fmt: skip
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "spec.json").write_text(spec.model_dump_json(indent=2))
+    (bundle / "model.onnx").write_bytes(onnx)
+    message = page.get_by_test_id("filter-form-message")
+
+    page.get_by_test_id("f-spec").set_input_files(str(bundle / "spec.json"))
+    expect(message).to_have_text("Filled from spec.json: choose the bundle's model.onnx and register it.")
+    expect(page.get_by_label("Name", exact=True)).to_have_value("walkway")
+    expect(page.get_by_label("Tap")).to_have_value("mid")
+    expect(page.get_by_label("Input height (px)")).to_have_value("96")
+    expect(page.get_by_label("Threshold")).to_have_value("0.62")
+    expect(page.get_by_label("y0")).to_have_value("0.5")  # the polygon's bounding box
+    page.get_by_label("Name", exact=True).fill("walkway-copy")  # what the form changes wins
+    page.get_by_label("ONNX model").set_input_files(str(bundle / "model.onnx"))
+    page.get_by_test_id("filter-submit").click()
+    expect(message).to_contain_text("Registered walkway-copy")
+    # The polygon, its context, the motion veto and the estimate came along from the file.
+    stored = api(cloud, "GET", "/api/filters/walkway-copy").json()["spec"]
+    assert stored == spec.model_copy(update={"name": "walkway-copy"}).model_dump(mode="json")
+    expect(page.get_by_test_id("f-spec")).to_have_value("")
+
+    notes = tmp_path / "notes.json"
+    notes.write_text("{not json")
+    page.get_by_test_id("f-spec").set_input_files(str(notes))
+    expect(message).to_have_class("message error")
+    expect(message).to_contain_text("notes.json is not JSON")
+    assert api(cloud, "DELETE", "/api/filters/walkway-copy").status_code == 204

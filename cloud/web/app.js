@@ -268,6 +268,72 @@ async function deleteFilter(name, button) {
   }
 }
 
+// A bundle's spec.json (written by `filterforward train`) fills the form; what the form has no field for (a polygon
+// region, its context cells, the motion veto, the cross-validated estimate and warnings, the base model) goes to the
+// server as the file has it, under the form's values.
+let loadedSpec = null;
+
+async function loadSpecFile(event) {
+  const input = event.currentTarget;
+  const file = input.files[0];
+  loadedSpec = null;
+  if (!file) {
+    setMessage("filter-form-message", "");
+    return;
+  }
+  let spec;
+  try {
+    spec = JSON.parse(await file.text());
+  } catch (err) {
+    setMessage("filter-form-message", `${file.name} is not JSON (${err.message}): choose a bundle's spec.json`, true);
+    return;
+  }
+  if (!isObject(spec) || typeof spec.architecture !== "string") {
+    setMessage("filter-form-message", `${file.name} holds no filter spec: choose a bundle's spec.json`, true);
+    return;
+  }
+  fillForm(input.form, spec);
+  loadedSpec = spec;
+  setMessage("filter-form-message", `Filled from ${file.name}: choose the bundle's model.onnx and register it.`);
+}
+
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+function fillForm(form, spec) {
+  const set = (name, value) => {
+    if (value !== undefined && value !== null) form.elements[name].value = String(value);
+  };
+  const [width, height] = spec.input_size || [];
+  const roi = spec.roi || {};
+  const smoothing = spec.smoothing || {};
+  const encoding = spec.encoding || {};
+  set("name", spec.name);
+  set("event", spec.event);
+  set("cameras", (spec.cameras || ["*"]).join(", "));
+  set("architecture", spec.architecture);
+  set("tap", spec.tap);
+  set("width", width);
+  set("height", height);
+  set("window", spec.window);
+  for (const corner of ["x0", "y0", "x1", "y1"]) set(corner, roi[corner]);
+  set("threshold", smoothing.threshold);
+  set("k", smoothing.k);
+  set("n", smoothing.n);
+  set("encoding", encoding.kind);
+  set("jpeg_quality", encoding.jpeg_quality);
+}
+
+/** `spec` with the form's values over it, one level into nested objects (roi, smoothing, encoding). */
+function withEdits(spec, edits) {
+  const out = { ...spec };
+  for (const [key, value] of Object.entries(edits)) {
+    out[key] = isObject(spec[key]) && isObject(value) ? { ...spec[key], ...value } : value;
+  }
+  return out;
+}
+
 /** The FilterSpec JSON (models/filterspec.py) from the form; the server validates it strictly. */
 function specFromForm(form) {
   const text = (name) => form.elements[name].value.trim();
@@ -295,7 +361,8 @@ async function registerFilter(event) {
   const form = event.currentTarget;
   const submit = form.querySelector("[type=submit]");
   const body = new FormData();
-  body.append("spec", JSON.stringify(specFromForm(form)));
+  const edits = specFromForm(form);
+  body.append("spec", JSON.stringify(loadedSpec ? withEdits(loadedSpec, edits) : edits));
   body.append("model", form.elements.model.files[0]);
   submit.disabled = true;
   setMessage("filter-form-message", "Uploading and checking the model…");
@@ -305,6 +372,8 @@ async function registerFilter(event) {
     setMessage("filter-form-message", registered);
     form.elements.name.value = "";
     form.elements.model.value = "";
+    form.elements.spec_file.value = "";
+    loadedSpec = null;
     await refreshFilters();
   } catch (err) {
     setMessage("filter-form-message", `Not registered: ${err.message}`, true);
@@ -872,6 +941,7 @@ function init() {
     pollNow();
   });
   byId("filter-form").addEventListener("submit", registerFilter);
+  byId("f-spec").addEventListener("change", loadSpecFile);
   const eventFilters = byId("event-filters");
   eventFilters.addEventListener("input", debounce(applyEventQuery, 300));
   eventFilters.addEventListener("submit", (event) => {
