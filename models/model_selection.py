@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -45,6 +44,7 @@ from models.training import (
     fold_plan,
     load_training_data,
     torch_threads,
+    usable_cores,
 )
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def best_draw(data: TrainingData, candidate: TrainConfig) -> tuple[TrainConfig, 
     if plan is None:
         return candidate, None
     draws = [dataclasses.replace(candidate, seed=candidate.seed + DRAW_SEED_STEP * draw) for draw in range(DRAWS)]
-    workers = max(1, min(DRAWS, (os.cpu_count() or 1) // candidate.threads))
+    workers = max(1, min(DRAWS, usable_cores() // candidate.threads))
     with torch_threads(candidate.threads), ThreadPoolExecutor(workers, "draw") as pool:
         validations = list(pool.map(partial(_validate_draw, data, plan), draws))
     kept = max(range(DRAWS), key=lambda index: validations[index].validation.event_f1)

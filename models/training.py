@@ -290,7 +290,7 @@ def fit_and_validate(
     """The MC trained on every training frame, its losses, and the cross-validation (cross_validate), their fits
     side by side as far as the cores allow: each trains its own model on `config.threads` torch threads, so each
     trains exactly what it would alone. The final fit shows progress; the folds log theirs."""
-    workers = max(1, (os.cpu_count() or 1) // config.threads)
+    workers = max(1, usable_cores() // config.threads)
     with torch_threads(config.threads), ThreadPoolExecutor(workers, "fit") as pool:
         final = pool.submit(fit_mc, config, data, progress)
         validation = cross_validate(
@@ -549,6 +549,11 @@ def check_curricula(config: TrainConfig) -> None:
 def _kinds_that(test: Callable[[MCKind], bool]) -> str:
     """The names of the MC kinds that pass the test, for a message: 'windowed', or 'a or b'."""
     return " or ".join(name for name, kind in MC_KINDS.items() if test(kind))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container's or `taskset`'s CPU set, not the host's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @contextmanager

@@ -48,6 +48,7 @@ from models.training import (
     parse_curriculum,
     train_mc,
     train_steps,
+    usable_cores,
 )
 
 TINY_SIZE = (128, 96)
@@ -415,6 +416,17 @@ def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(
     assert validation is not None and validation.validation == estimates[best_seed].validation
     assert validation.point == estimates[best_seed].point  # the kept draw's k-of-n goes into the filter ...
     assert validation.point.threshold == FINAL_THRESHOLD  # ... at the final model's own threshold
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_fits_side_by_side_count_the_cores_this_process_may_use() -> None:
+    allowed = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(allowed)})  # as `taskset -c N` or a container's CPU set
+        assert usable_cores() == 1
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert usable_cores() == len(allowed)
 
 
 def test_fits_side_by_side_train_what_they_would_one_after_another(clip: LabelledDataset, base_model: Path) -> None:
