@@ -23,6 +23,7 @@ from cloud.db import Filter, FilterChange, begin_writing, utcnow
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError, is_disk_full, validation_summary
 from models.filterspec import MAX_VERSION, FilterSpec
+from models.roi import INPUT
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, PIXELS, Tap, check_input_size
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def parse_spec(text: str) -> FilterSpec:
     if not isinstance(raw, dict):
         raise RegistryError(400, f"spec is a JSON {type(raw).__name__}: send the filter spec as a JSON object")
     try:
-        spec = FilterSpec.model_validate(raw)
+        spec = FilterSpec.model_validate(raw, context=INPUT)
     except ValidationError as exc:
         raise RegistryError(422, f"invalid filter spec: {validation_summary(exc, 'spec')}") from None
     if spec.tap not in TAPS:

@@ -13,7 +13,7 @@ import math
 import re
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, ValidationInfo, model_validator
 
 from models.errors import FilterForwardError
 
@@ -27,10 +27,13 @@ _SAMPLES = 4
 # context reaches (models.microclassifiers.FullFrame), and the default filter's context grows with the tap's width
 # (models.mc_kinds.auto_context): 4 from 1344x784 up.
 MAX_CONTEXT = 4
+# Validation context of regions a person gives (the CLI, dataset.yaml, REST): a polygon that crosses itself is
+# refused there. Stored filter specs and bundles are read without it, so one made before that check still loads.
+INPUT = {"input": True}
 
 
-def polygon_errors(points: tuple[Point, ...]) -> str | None:
-    """Why these points are no usable polygon, or None."""
+def polygon_errors(points: tuple[Point, ...], crossing: bool = True) -> str | None:
+    """Why these points are no usable polygon (`crossing`: also when two of its edges cross), or None."""
     if len(points) < 3:
         return f"a polygon needs at least 3 points, got {len(points)}"
     if len(points) > MAX_POLYGON_POINTS:
@@ -38,7 +41,7 @@ def polygon_errors(points: tuple[Point, ...]) -> str | None:
     array = np.asarray(points, dtype=float)
     if not np.isfinite(array).all() or array.min() < 0.0 or array.max() > 1.0:
         return "polygon points must be in normalised coordinates 0..1"
-    if _crosses_itself(array):
+    if crossing and _crosses_itself(array):
         return "the polygon crosses itself: list its points in order around the region"
     if abs(_area(array)) < 1e-9:
         return "the polygon has no area"
@@ -102,13 +105,13 @@ class ROI(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _box_of_polygon(cls, data: object) -> object:
+    def _box_of_polygon(cls, data: object, info: ValidationInfo) -> object:
         if isinstance(data, dict) and data.get("polygon") is not None:
             try:
                 points = tuple((float(x), float(y)) for x, y in data["polygon"])
             except (TypeError, ValueError):
                 return data  # the field's own validation says what is wrong
-            if reason := polygon_errors(points):
+            if reason := polygon_errors(points, crossing=bool(info.context and info.context.get("input"))):
                 raise ValueError(reason)
             xs, ys = zip(*points, strict=True)
             box = {"x0": min(xs), "y0": min(ys), "x1": max(xs), "y1": max(ys)}
@@ -227,7 +230,7 @@ def parse_region(text: str) -> ROI:
         if re.fullmatch(r"[^\s;]*", text) and text.count(",") == 3:
             x0, y0, x1, y1 = (float(part) for part in text.split(","))
             return ROI(x0=x0, y0=y0, x1=x1, y1=y1)
-        return ROI(polygon=_points(text))
+        return ROI.model_validate({"polygon": _points(text)}, context=INPUT)
     except (ValueError, ValidationError) as exc:
         raise FilterForwardError(f"region {text!r} is not valid ({_reason(exc)}): {REGION_HINT}") from None
 

@@ -287,6 +287,15 @@ REFUSALS = [
     ("camera name too long", "post", "/api/filters", spec_json(cameras=["c" * 129]), "late", 422, "cameras.0:"),
     ("version too high", "post", "/api/filters", spec_json(version=2**31), "late", 422, "version: Input should"),
     (
+        "polygon that crosses itself",
+        "post",
+        "/api/filters",
+        spec_json(roi={"polygon": [[0, 0], [1, 1], [1, 0], [0, 1]]}),
+        "late",
+        422,
+        "invalid filter spec: roi: the polygon crosses itself: list its points in order around the region",
+    ),
+    (
         "update past the highest version",
         "put",
         "/api/filters/at-max",

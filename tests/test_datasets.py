@@ -261,6 +261,11 @@ def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) ->
         ("frame_index,a\n0,1\n", "fps: [10\n", "not valid YAML"),
         ("frame_index,a\n0,1\n", "{}\n", "set `fps:` in dataset.yaml"),
         ("frame_index,a\n0,1\n", "fps: 10\nregions: {b: {x0: 0, y0: 0, x1: 1, y1: 1}}\n", "no events"),
+        ("frame_index,a\n0,1\n", "fps: 10\nregions: {a: {polygon: [[0, 0], [1, 1], [1, 0], [0, 1]]}}\n", "crosses"),
+        ("frame_index,a\n0,1\n", "fps: 10\nregions: {a: [[0, 0], [1, 1], [1, 0], [0, 1]]}\n", "crosses itself"),
+        ("frame_index,a\n0,1\n", "fps: 10\nregions: {a: [[0, 0], [2, 0], [1, 1]]}\n", "'a': polygon points must"),
+        ("frame_index,a\n0,1\n", "fps: 10\nregions: {a: 7}\n", "region of 'a' is 7: give a box"),
+        ("frame_index,a\n0,1\n", "fps: 10\nregions: {a: {x0: 2}}\n", r"region of 'a' \(x0\): Input should be less"),
         ("frame_index,a\n0,1\n", "fps: 10\nimages: nowhere\n", "does not exist"),
     ],
 )

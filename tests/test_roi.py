@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec
-from models.roi import FULL_FRAME, ROI, Polygon, parse_region
+from models.roi import FULL_FRAME, INPUT, ROI, Polygon, parse_region
 
 TRAPEZOID = ((0.0, 0.45), (0.2, 0.45), (0.3, 1.0), (0.0, 1.0))
 
@@ -35,7 +35,13 @@ def test_a_polygon_brings_its_bounding_box() -> None:
 )
 def test_bad_polygons_are_refused(points: tuple, reason: str) -> None:
     with pytest.raises(ValidationError, match=reason):
-        ROI(polygon=points)
+        ROI.model_validate({"polygon": points}, context=INPUT)
+
+
+def test_a_stored_polygon_that_crosses_itself_still_loads() -> None:
+    # A filter spec registered before crossing polygons were refused: the cloud and the edges still read it.
+    bow_tie = ((0.1, 0.1), (0.6, 0.9), (0.6, 0.1), (0.1, 0.7))
+    assert ROI.model_validate_json(ROI(polygon=bow_tie).model_dump_json()).polygon == bow_tie
 
 
 def test_a_box_masks_its_whole_crop() -> None:
@@ -100,6 +106,7 @@ def test_parse_region_takes_a_box_or_a_polygon() -> None:
         ("0,0 1,1", "at least 3 points"),
         ("a,b c,d e,f", "not numbers"),
         ("0,0 2,0 2,2", "normalised coordinates"),
+        ("0,0 1,1 1,0 0,1", "crosses itself"),
     ],
 )
 def test_bad_regions_are_one_line_with_the_syntax(text: str, reason: str) -> None:

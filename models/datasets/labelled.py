@@ -19,12 +19,12 @@ from typing import NamedTuple
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from models.datasets.frames import IMAGE_SUFFIXES, VIDEO_SUFFIXES, image_files, is_video, probe, read_frames
 from models.errors import FilterForwardError, validation_summary
 from models.evaluation import runs
-from models.roi import FULL_FRAME, ROI, Polygon
+from models.roi import FULL_FRAME, INPUT, ROI, Polygon
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ _EVENT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
 Region = ROI | Polygon
+REGION_FORMS = "give a box {x0: .., y0: .., x1: .., y1: ..} or a polygon [[x, y], [x, y], [x, y], ...] in 0..1"
 
 
 class DatasetConfig(BaseModel):
@@ -52,11 +53,38 @@ class DatasetConfig(BaseModel):
     events: list[str] | None = Field(None, description="event columns of labels.csv (default: detected)")
     regions: dict[str, Region] = Field(default_factory=dict, description="event name -> its region")
 
+    @field_validator("regions", mode="before")
+    @classmethod
+    def _one_kind_each(cls, value: object, info: ValidationInfo) -> object:
+        """Each region read as the kind its form says (a list of points: a polygon; a mapping: a box, or a polygon
+        with its box), so that what is wrong with it is said once, not once for every kind it might have been."""
+        if not isinstance(value, dict):
+            return value
+        kinds: dict[type, type[BaseModel]] = {list: Polygon, dict: ROI}
+        regions = {}
+        for event, region in value.items():
+            if isinstance(region, ROI | Polygon):
+                regions[event] = region
+            elif (kind := kinds.get(type(region))) is None:
+                raise ValueError(f"region of {event!r} is {region!r}: {REGION_FORMS}")
+            else:
+                try:
+                    regions[event] = kind.model_validate(region, context=info.context)
+                except ValidationError as exc:
+                    raise ValueError(_region_error(event, exc)) from None
+        return regions
+
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
         if self.video and self.images:
             raise ValueError("give either video or images, not both")
         return self
+
+
+def _region_error(event: str, exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    field = ".".join(str(part) for part in error["loc"])
+    return f"region of {event!r}{f' ({field})' if field else ''}: {error['msg'].removeprefix('Value error, ')}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -168,7 +196,7 @@ def _read_config(root: Path) -> DatasetConfig:
         return DatasetConfig()
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        return DatasetConfig.model_validate(data)
+        return DatasetConfig.model_validate(data, context=INPUT)
     except yaml.YAMLError as exc:
         raise FilterForwardError(f"{path} is not valid YAML ({_one_line(exc)}): fix its syntax") from None
     except UnicodeDecodeError:
