@@ -260,6 +260,8 @@ def run(settings: Settings) -> list[Row]:
             rows += motion_rows(dataset, clip)
         for size_name in settings.sizes:
             rows += score_rows(dataset, clip, size_name, input_size(dataset, size_name), settings)
+            if settings.json_path:  # a long run stopped later keeps the rows it finished
+                write_json(settings.json_path, rows, settings)
         print_table(rows)
     return rows
 
