@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         dataset, args.filters, frames, args.tolerance, args.crf, args.event, args.base_model, weights=args.mc_weights
     )
     print(format_report(report))
-    if args.json:
+    if args.json:  # check_writable let it name folders that do not exist yet
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report.as_dict(), indent=2))
     return 0
 
