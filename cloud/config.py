@@ -40,6 +40,12 @@ class ZmqConfig(BaseModel):
     edge_timeout: float = Field(5.0, gt=0, description="an edge silent this long is shown offline")
 
     @model_validator(mode="after")
+    def _two_ports(self) -> ZmqConfig:
+        if self.ingest_port and self.ingest_port == self.publish_port:
+            raise ValueError(f"ingest_port and publish_port are both {self.ingest_port}: give each socket its own")
+        return self
+
+    @model_validator(mode="after")
     def _keys_or_insecure(self) -> ZmqConfig:
         if not self.insecure and (self.secret_key is None or self.edge_keys is None):
             raise ValueError(
@@ -87,6 +93,27 @@ class CloudConfig(notification_keys()):
     training: TrainingConfig = TrainingConfig()
     max_upload_bytes: int = Field(16 * 2**20, gt=0, description="limit on an uploaded MC model")
 
+    @field_validator("tokens")
+    @classmethod
+    def _distinct_tokens(cls, tokens: list[TokenConfig]) -> list[TokenConfig]:
+        """A secret listed twice would take the scopes of its last entry only; a name twice makes the logs ambiguous."""
+        names = [token.name for token in tokens]
+        if (twice := _repeated(names)) is not None:
+            raise ValueError(f"the token name {names[twice]!r} is given twice: give each token its own name")
+        if (twice := _repeated([token.token for token in tokens])) is not None:
+            first = [token.token for token in tokens].index(tokens[twice].token)
+            raise ValueError(f"tokens {names[first]!r} and {names[twice]!r} have the same secret: give each its own")
+        return tokens
+
+    @model_validator(mode="after")
+    def _http_port_free(self) -> CloudConfig:
+        wildcards = {"0.0.0.0", "::", "*", ""}
+        shared = self.host == self.zmq.bind or {self.host, self.zmq.bind} & wildcards
+        for key in ("ingest_port", "publish_port"):
+            if shared and getattr(self.zmq, key) == self.port:
+                raise ValueError(f"port and zmq.{key} are both {self.port}: give the HTTP server its own port")
+        return self
+
     @field_validator("database_url", "public_url", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
@@ -120,6 +147,11 @@ class CloudConfig(notification_keys()):
     @property
     def base_url(self) -> str:
         return str(self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
+def _repeated(values: list[str]) -> int | None:
+    """The index of the first value that an earlier one equals, or None."""
+    return next((i for i, value in enumerate(values) if value in values[:i]), None)
 
 
 def load_cloud_config(path: Path) -> CloudConfig:

@@ -42,6 +42,18 @@ def serve(*args: str) -> subprocess.CompletedProcess:
         (TOKENS + GOOD_ZMQ + "database_url: postgresql+psycopg2://ff@db/ff\n", "the driver postgresql+psycopg2 is not"),
         (TOKENS + GOOD_ZMQ + "public_url: ff.example.org\n", "public_url: Input should be a valid URL"),
         (TOKENS + GOOD_ZMQ + "mqtt: {host: ''}\n", "mqtt.host: String should have at least 1 character"),
+        (
+            "tokens: [{name: ops, token: a-token-of-sixteen-chars}, {name: ops, token: another-token-sixteen}]\n"
+            + GOOD_ZMQ,
+            "the token name 'ops' is given twice: give each token its own name",
+        ),
+        (
+            "tokens: [{name: ops, token: a-token-of-sixteen-chars, scopes: [read, write]},"
+            " {name: viewer, token: a-token-of-sixteen-chars}]\n" + GOOD_ZMQ,
+            "tokens 'ops' and 'viewer' have the same secret: give each its own",
+        ),
+        (TOKENS + "zmq: {insecure: true, ingest_port: 15555, publish_port: 15555}\n", "both 15555: give each socket"),
+        (TOKENS + GOOD_ZMQ + "port: 15556\n", "port and zmq.publish_port are both 15556: give the HTTP server its own"),
     ],
     ids=[
         "unknown key",
@@ -54,6 +66,10 @@ def serve(*args: str) -> subprocess.CompletedProcess:
         "database driver not installed",
         "public URL not a URL",
         "empty MQTT host",
+        "a token name twice",
+        "a secret twice",
+        "one ZeroMQ port for both sockets",
+        "the HTTP port a ZeroMQ one",
     ],
 )
 def test_a_bad_config_is_one_line_and_exit_code_2(tmp_path: Path, text: str, detail: str) -> None:
