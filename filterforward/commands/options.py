@@ -8,6 +8,11 @@ from pathlib import Path
 
 from models.errors import FilterForwardError
 
+THREADS_HELP = (
+    "torch CPU threads per model (default 1: MCs are tiny; a filter's cross-validation models and its final model "
+    "train side by side, as many as the cores allow)"
+)
+
 
 def parse_size(text: str) -> tuple[int, int]:
     """'768x448' -> (768, 448)."""

@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from filterforward.commands.options import THREADS_HELP
 from models.errors import FilterForwardError
 from models.mc_kinds import AUTO, MC_KINDS
 from models.optimizer_kinds import OPTIMIZERS
@@ -103,13 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--window", type=int, default=5, help="frames a windowed MC stacks (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch CPU threads per model (default 1: MCs are tiny; the cross-validation's models and the final one "
-        "train side by side, as many as the cores allow)",
-    )
+    parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     parser.add_argument("--name", help="filter name (default: EVENT-ARCH)")
     parser.add_argument("--base-model", type=Path, help="base ONNX model with named taps (default: EfficientNet-Lite0)")
     parser.add_argument(

@@ -19,16 +19,13 @@ import socket
 import time
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from common.health import HealthServer
+from filterforward.commands.options import THREADS_HELP
 from models.errors import FilterForwardError
 from trainer.client import Cloud, CloudError, CloudUnreachable
 from trainer.job import run_job
-
-if TYPE_CHECKING:
-    pass
-
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve_parser.add_argument(
         "--base-model", type=Path, help="base ONNX model with named taps (default: EfficientNet-Lite0)"
     )
-    serve_parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: MCs are tiny)")
+    serve_parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     serve_parser.add_argument(
         "--health-port",
         type=int,
