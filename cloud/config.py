@@ -100,8 +100,9 @@ class CloudConfig(notification_keys()):
         names = [token.name for token in tokens]
         if (twice := _repeated(names)) is not None:
             raise ValueError(f"the token name {names[twice]!r} is given twice: give each token its own name")
-        if (twice := _repeated([token.token for token in tokens])) is not None:
-            first = [token.token for token in tokens].index(tokens[twice].token)
+        secrets = [token.token for token in tokens]
+        if (twice := _repeated(secrets)) is not None:
+            first = secrets.index(secrets[twice])
             raise ValueError(f"tokens {names[first]!r} and {names[twice]!r} have the same secret: give each its own")
         return tokens
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
+from common.files import write_atomically
 from models.evaluation import BOUNDARY_TOLERANCE
 from models.mc_kinds import MCWeights
 
@@ -67,9 +68,8 @@ def run(args: argparse.Namespace) -> int:
         dataset, args.filters, frames, args.tolerance, args.crf, args.event, args.base_model, weights=args.mc_weights
     )
     print(format_report(report))
-    if args.json:  # check_writable let it name folders that do not exist yet
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.as_dict(), indent=2))
+    if args.json:  # into folders made if missing (check_writable allowed them), whole or not at all
+        write_atomically(args.json, json.dumps(report.as_dict(), indent=2).encode())
     return 0
 
 

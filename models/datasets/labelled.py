@@ -327,7 +327,7 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
 def _first_non_event_value(columns: dict[str, list[str]], frame_index: np.ndarray) -> str:
     """Where the first column that might have been meant as an event leaves 0/1/-1, as '; NAME holds V on frame F'."""
     for name, values in columns.items():
-        bad = next((i for i, value in enumerate(values) if value not in EVENT_VALUES), None)
+        bad = _first_non_label(values)
         if name != CAMERA_FRAME and bad is not None:
             return f"; {name!r} holds {values[bad]!r} on frame {frame_index[bad]}"
     return ""
@@ -341,10 +341,16 @@ def _why_not_an_event(path: Path, column: str) -> str:
     if column not in header:
         return ""
     position = header.index(column)
-    bad = next((row for row in rows if row[position] not in EVENT_VALUES), None)
+    bad = _first_non_label([row[position] for row in rows])
     if bad is None:
         return f" (labels.csv has the column, but {CONFIG_FILE}'s events: does not list it)"
-    return f" (its labels.csv column holds {bad[position]!r} on frame {bad[0]}: an event's values are 1, 0 and -1)"
+    row = rows[bad]
+    return f" (its labels.csv column holds {row[position]!r} on frame {row[0]}: an event's values are 1, 0 and -1)"
+
+
+def _first_non_label(values: list[str]) -> int | None:
+    """The index of the first value that is no event label (1, 0, -1), or None."""
+    return next((i for i, value in enumerate(values) if value not in EVENT_VALUES), None)
 
 
 def _frame_indices(path: Path, rows: list[list[str]]) -> np.ndarray:
@@ -365,7 +371,7 @@ def _frame_indices(path: Path, rows: list[list[str]]) -> np.ndarray:
 
 
 def _event_values(path: Path, name: str, values: list[str]) -> np.ndarray:
-    bad = next((i for i, value in enumerate(values) if value not in EVENT_VALUES), None)
+    bad = _first_non_label(values)
     if bad is not None:
         raise FilterForwardError(
             f"{path} row {bad + 2}: event {name!r} has value {values[bad]!r}; event columns hold 0, 1 or -1 (uncertain)"
