@@ -44,7 +44,7 @@ class ClipPlayer:
     ) -> None:
         self.clip, self.width, self.loop = clip, width, loop
         self._fps_option, self._on_end = fps, on_end
-        self._source = self._open()  # a clip that can't be played fails here, before the camera listens
+        self._source = self._open(announce=True)  # a clip that can't be played fails here, before the camera listens
         if self._source.is_live:
             self._source.close()
             raise FilterForwardError(f"{clip} is a live source; give a video file, image folder or dataset folder")
@@ -55,8 +55,12 @@ class ClipPlayer:
         self._playing = True
         self._thread = threading.Thread(target=self._run, name="clip player", daemon=True)
 
-    def _open(self) -> VideoSource:
-        return VideoSource(self.clip, pacing="realtime", fps=self._fps_option, queue_size=1, name="clip")
+    def _open(self, announce: bool) -> VideoSource:
+        """The clip from its start; only its first opening is logged at INFO (a camera looping a 30 s clip for
+        months would otherwise log a line every 30 s)."""
+        return VideoSource(
+            self.clip, pacing="realtime", fps=self._fps_option, queue_size=1, name="clip", announce=announce
+        )
 
     @property
     def playing(self) -> bool:
@@ -107,7 +111,7 @@ class ClipPlayer:
         with self._changed:
             if not self._playing:
                 return None
-            self._source = self._open()
+            self._source = self._open(announce=False)
             return self._source
 
     def _encode(self, image: np.ndarray) -> bytes:

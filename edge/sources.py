@@ -435,6 +435,7 @@ class VideoSource:
     queue_size: frames buffered between the reader thread and the consumer.
     reconnect_initial/reconnect_max: backoff bounds in seconds for live sources.
     fail_fast: a live source that can't be read at start raises instead of waiting for the camera.
+    announce: log going online at INFO (False: at DEBUG, for a replay that reopens its clip at every loop).
     """
 
     def __init__(
@@ -449,11 +450,13 @@ class VideoSource:
         reconnect_max: float = 30.0,
         name: str = "",
         fail_fast: bool = False,
+        announce: bool = True,
     ) -> None:
         _check_options(pacing, fps, resolution, queue_size, reconnect_initial, reconnect_max)
         self._target = _resolve(url)
         self.name = name or self._target.label
         self.pacing: Pacing = pacing
+        self._online_level = logging.INFO if announce else logging.DEBUG
         self.is_live = self._target.kind == "live"
         self._fps_option = fps
         self._resolution = (int(resolution[0]), int(resolution[1])) if resolution is not None else None
@@ -577,7 +580,7 @@ class VideoSource:
             self._outage_reported = False
         width, height = reader.frame_size
         rate = f"{self._fps:.2f} fps" if self._fps else "unknown fps"
-        log.info("%s: online, %dx%d, %s, pacing %s", self.name, width, height, rate, self.pacing)
+        log.log(self._online_level, "%s: online, %dx%d, %s, pacing %s", self.name, width, height, rate, self.pacing)
 
     def _went_offline(self, error: str) -> None:
         with self._lock:

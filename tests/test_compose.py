@@ -528,6 +528,21 @@ def test_a_clip_played_once_ends_the_camera(short_clip: Path) -> None:
     assert "has ended" in result.stderr
 
 
+def test_a_looping_camera_logs_going_online_once(short_clip: Path, tmp_path: Path) -> None:
+    """Each loop reopens the clip; a camera replaying a 30 s clip for months must not log a line every 30 s."""
+    log_file = tmp_path / "camera.log"
+    serve = ["-v", "camera", "serve", str(short_clip), "--port", str(free_port()), "--fps", "400"]
+    with log_file.open("w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "filterforward", *serve], stderr=log, cwd=REPO)
+    try:
+        wait_until(lambda: log_file.read_text().count("edge.sources: clip: online") >= 3, "two loops", WAIT_S)
+    finally:
+        process.terminate()
+        process.wait(timeout=WAIT_S)
+    lines = log_file.read_text().splitlines()
+    assert len([line for line in lines if "INFO edge.sources: clip: online" in line]) == 1, lines
+
+
 def test_the_camera_refuses_bad_input_in_one_line(tmp_path: Path) -> None:
     missing = tmp_path / "nope.mp4"
     result = camera_serve(str(missing), "--port", "8080")
