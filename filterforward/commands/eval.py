@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
 from common.files import write_atomically
+from filterforward.commands.options import RANGE_HELP
 from models.evaluation import BOUNDARY_TOLERANCE
 from models.mc_kinds import MCWeights
 
@@ -33,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         required=True,
         help="filter bundle folder (repeat for several)",
     )
-    parser.add_argument("--frames", default=":", help="frame range START:STOP to evaluate (default: all)")
+    parser.add_argument(
+        "--frames", default=":", help=f"frame range START:STOP to evaluate (default: all); {RANGE_HELP}"
+    )
     parser.add_argument("--event", help="label column to score against (default: the event in each filter's spec)")
     parser.add_argument(
         "--tolerance",

@@ -13,6 +13,8 @@ THREADS_HELP = (
     "train side by side, as many as the cores allow)"
 )
 
+RANGE_HELP = "a negative side counts from the end: --frames=-100: is the last 100 frames"
+
 
 def parse_size(text: str) -> tuple[int, int]:
     """'768x448' -> (768, 448)."""
@@ -26,14 +28,15 @@ def parse_size(text: str) -> tuple[int, int]:
 
 
 def parse_range(text: str, length: int) -> tuple[int, int]:
-    """'A:B' (either side optional, B exclusive) -> (A, B) clipped to [0, length]."""
+    """'A:B' (either side optional, B exclusive) -> (A, B) within [0, length], as Python slices them: a negative
+    side counts from the end ('-100:' is the last 100 frames), a side past the end stops at it."""
     try:
         start_text, stop_text = text.split(":")
-        start = int(start_text) if start_text else 0
-        stop = int(stop_text) if stop_text else length
+        start = int(start_text) if start_text else None
+        stop = int(stop_text) if stop_text else None
     except ValueError:
-        raise FilterForwardError(f"frame range {text!r} is not START:STOP, e.g. 0:200 or 200:") from None
-    start, stop = max(0, start), min(length, stop)
+        raise FilterForwardError(f"frame range {text!r} is not START:STOP, e.g. 0:200, 200: or -100:") from None
+    start, stop, _ = slice(start, stop).indices(length)
     if start >= stop:
         raise FilterForwardError(f"frame range {text!r} selects no frames of the {length} available")
     return start, stop

@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from filterforward.commands.options import THREADS_HELP
+from filterforward.commands.options import RANGE_HELP, THREADS_HELP
 from models.errors import FilterForwardError
 from models.mc_kinds import AUTO, MC_KINDS
 from models.optimizer_kinds import OPTIMIZERS
@@ -71,7 +71,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also train on the frames mirrored left to right (one more base-DNN pass; full_frame and the default "
         "filter)",
     )
-    parser.add_argument("--frames", default=None, help="training frames START:STOP (default: the first half)")
+    parser.add_argument(
+        "--frames", default=None, help=f"training frames START:STOP (default: the first half); {RANGE_HELP}"
+    )
     parser.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     parser.add_argument("--batch-size", type=int, default=32, help="batch size, half positives (default 32)")
     parser.add_argument(
