@@ -253,12 +253,25 @@ def chosen_cases(cases: Sequence[Case], selection: str | None) -> list[Case]:
     return [case for case in cases if any(w in f"{case.clip} {case.event}" for w in wanted)]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def write_outcomes(path: Path | None, outcomes: Sequence[object]) -> None:
+    """Every outcome (a dataclass) as JSON at `path`, if one was given."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([dataclasses.asdict(o) for o in outcomes], indent=2) + "\n")
+
+
+def case_parser(doc: str, logger: logging.Logger) -> argparse.ArgumentParser:
+    """A development script's command line over these cases, seeds 0-2 by default, and its progress log."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    log.setLevel(logging.INFO)
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    logger.setLevel(logging.INFO)
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     add_case_arguments(parser, (0, 1, 2))
     parser.add_argument("--json", type=Path, help="also write every outcome as JSON here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = case_parser(__doc__, log)
     parser.add_argument("--scales", default="", help="training scales of the candidates, e.g. 0.75,1.25")
     parser.add_argument("--context", type=int, default=0, help="cells of context around each region (default 0)")
     parser.add_argument("--mirror", action="store_true", help="train the candidates on mirrored frames too")
@@ -276,9 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for size in args.sizes.split(","):
             outcomes += run_case(case, dataset, size, args.seeds, scales, args.context, args.mirror, final_threshold)
         print_report(outcomes)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([dataclasses.asdict(o) for o in outcomes], indent=2) + "\n")
+    write_outcomes(args.json, outcomes)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Pixel motion inside a filter's region: OpenCV's MOG2 background subtractor, the DVR-Scan way.
 
 The default filter uses it as a veto: a frame counts towards the filter's k-of-n only if some of the region's
-pixels moved in the last few frames, at least as many as moved on nearly every frame that showed the event in
+pixels moved in the last few frames, at least half as many as moved on nearly every frame that showed the event in
 training (`fit_veto`). People who stand behind a shop window the whole time, which the base DNN's features cannot
 tell from people walking in the region, do not move; an event whose training frames show it without motion gets
 no veto (its fitted floor is 0). Training (models.training) and the edge (edge.pipeline) use this one module, so the
@@ -29,6 +29,10 @@ WORK_WIDTH = 480
 # The veto's floor: this quantile of the positive training frames' foreground fractions, so that the 2% of them
 # with the least motion (an object pausing) do not set it (bench README, "motion veto").
 POSITIVE_QUANTILE = 0.02
+# ... halved: that share is what the smallest thing doing the event in training moved, and the event done later by
+# something smaller (a person farther from the camera) moves fewer pixels. At the whole share, adl's right fifth,
+# trained on people close to the camera, held back every later occurrence (bench/veto_floor.py, bench README).
+FLOOR_SCALE = 0.5
 RECENT_FRAMES = 5  # a frame passes the veto when one of the last this many frames had the floor's motion
 # MOG2's history (its default): the frames it takes to settle. A replay of a clip's later part, and the training
 # frames of a later span, first show it up to this many frames before (as a live camera's model has seen them):
@@ -184,7 +188,7 @@ def fit_veto(fractions: np.ndarray, labels: np.ndarray) -> MotionVeto | None:
     positive = fractions[(np.asarray(labels) == 1) & np.isfinite(fractions)]
     if not positive.size:
         return None
-    floor = float(np.quantile(positive, POSITIVE_QUANTILE))
+    floor = FLOOR_SCALE * float(np.quantile(positive, POSITIVE_QUANTILE))
     return MotionVeto(min_foreground=round(floor, 6), frames=RECENT_FRAMES) if floor > 0 else None
 
 

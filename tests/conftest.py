@@ -34,7 +34,18 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def intel_car(shared_data: Path) -> Path:
-    path = shared_data / "intel-car-detection"
+    return shared_clip(shared_data, "intel-car-detection")
+
+
+@pytest.fixture(scope="session")
+def adl_walkway(shared_data: Path) -> Path:
+    """ADL-Rundle-6 (MOT15): a 1080p walkway, people near and far from the camera."""
+    return shared_clip(shared_data, "adl-rundle-6")
+
+
+def shared_clip(shared_data: Path, name: str) -> Path:
+    """A clip folder of the shared data; its tests skip where it is missing."""
+    path = shared_data / name
     if not path.is_dir():
         pytest.skip(f"{path} is missing")
     return path
