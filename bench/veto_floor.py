@@ -15,9 +15,7 @@ per case, size and seed serves every scale.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import shutil
 import statistics
 import sys
 import tempfile
@@ -29,6 +27,7 @@ from generalization import REPO, input_size, open_clip
 from tap_rule import CASES, Case, case_clip, case_parser, chosen_cases, write_outcomes
 
 from edge.replay import replay
+from models.bundle import load_bundle, write_bundle
 from models.datasets import LabelledDataset, open_dataset, write_synthetic
 from models.evaluation import BOUNDARY_TOLERANCE, event_f1
 from models.model_selection import train_default
@@ -65,22 +64,17 @@ def synthetic_cases(seeds: Sequence[int]) -> list[tuple[Case, LabelledDataset]]:
     return cases
 
 
-def with_floor_scale(bundle: Path, scale: float) -> Path:
+def with_floor_scale(bundle: Path, scale: float) -> tuple[Path, str]:
     """A copy of the bundle whose veto floor is `scale` times its training share (0: no veto), under a name of its
-    own."""
-    copy = bundle.with_name(f"{bundle.name}-x{scale:g}")
-    shutil.copytree(bundle, copy)
-    spec_file = copy / "spec.json"
-    spec = json.loads(spec_file.read_text())
-    spec["name"] = f"{spec['name']}-x{scale:g}"
-    if spec.get("motion"):
-        spec["motion"] = (
-            {**spec["motion"], "min_foreground": spec["motion"]["min_foreground"] * scale / FLOOR_SCALE}
-            if scale
-            else None
-        )
-    spec_file.write_text(json.dumps(spec))
-    return copy
+    own; its path and that name."""
+    spec, onnx_bytes = load_bundle(bundle)
+    motion = spec.motion
+    if motion is not None:
+        floor = motion.min_foreground * scale / FLOOR_SCALE
+        motion = motion.model_copy(update={"min_foreground": floor}) if scale else None
+    name = f"{spec.name}-x{scale:g}"
+    scaled = spec.model_copy(update={"name": name, "motion": motion})
+    return write_bundle(bundle.with_name(f"{bundle.name}-x{scale:g}"), scaled, onnx_bytes), name
 
 
 def run_case(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[int]) -> list[Outcome]:
@@ -88,7 +82,7 @@ def run_case(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[in
     truth = dataset.labels[case.event][test[0] : test[1]]
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="ff-veto-floor-") as folder:
-        variants: dict[Path, tuple[Outcome, str]] = {}
+        variants: dict[Path, tuple[Outcome, str, str]] = {}  # bundle -> its outcome, floor scale, filter name
         for seed in seeds:
             config = TrainConfig(
                 event=case.event,
@@ -105,11 +99,11 @@ def run_case(case: Case, dataset: LabelledDataset, size: str, seeds: Sequence[in
             outcome = Outcome(f"{case.clip} {case.event}", size, seed, share, {})
             outcomes.append(outcome)
             for scale in FLOOR_SCALES:
-                variants[with_floor_scale(bundle, scale)] = (outcome, f"{scale:g}")
+                copy, name = with_floor_scale(bundle, scale)
+                variants[copy] = (outcome, f"{scale:g}", name)
             log.info("%s %s %s seed %d: share %s", case.clip, case.event, size, seed, share)
         sink = replay(dataset, list(variants), test, progress=False, gate=None)
-        for variant, (outcome, scale) in variants.items():
-            name = json.loads((variant / "spec.json").read_text())["name"]
+        for outcome, scale, name in variants.values():
             predicted = np.zeros(test[1] - test[0], bool)
             predicted[np.asarray(sorted(sink.frames.get(name, ())), int) - test[0]] = True
             outcome.test_f1[scale] = event_f1(truth, predicted, BOUNDARY_TOLERANCE).f1
