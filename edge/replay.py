@@ -14,7 +14,6 @@ from typing import Literal
 
 import numpy as np
 from pydantic import ValidationError
-from tqdm import tqdm
 
 from common.fragment import Fragment, pack
 from edge.config import GateSettings, UploadSettings
@@ -31,6 +30,7 @@ from models.evaluation import EventScores, bandwidth_bps, check_tolerance, event
 from models.filterspec import FilterSpec
 from models.mc_kinds import MCWeights
 from models.motion import HISTORY
+from models.progress import progress_bar
 from models.smoother import Event
 
 log = logging.getLogger(__name__)
@@ -128,8 +128,8 @@ def replay(
     pipeline = CameraPipeline(CAMERA, base, bank, sink, dataset.fps, upload, gate)
     start, stop = frames
     pipeline.warm_up(image for _, image in dataset.frames(max(0, start - HISTORY), start))
-    for index, image in tqdm(
-        dataset.frames(start, stop), total=stop - start, disable=not progress, desc="replay", unit="frame"
+    for index, image in progress_bar(
+        progress, iterable=dataset.frames(start, stop), total=stop - start, desc="replay", unit="frame"
     ):
         pipeline.process(Frame(index=index, timestamp=index / dataset.fps, image=image))
     pipeline.end_events()

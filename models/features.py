@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tqdm import tqdm
 
 from models.base_export import base_model_file, file_digest
 from models.cache import cache_dir, written_whole
 from models.datasets.labelled import LabelledDataset
 from models.errors import FilterForwardError
+from models.progress import progress_bar
 from models.roi import FULL_FRAME, ROI
 from models.taps import PIXEL_TAP, PIXELS, check_input_size
 
@@ -177,7 +177,7 @@ def _fill(
     )
     sides = {side: sorted({e.request.tap for e in entries if e.request.mirrored == side}) for side in (False, True)}
     done = 0
-    with tqdm(total=wanted.size, desc=f"base DNN on {dataset.name}", unit="frame", disable=not progress) as bar:
+    with progress_bar(progress, total=wanted.size, desc=f"base DNN on {dataset.name}", unit="frame") as bar:
         for indices, images in _batches(dataset, wanted, base.prepare, batch_size):
             outputs = {mirrored: _taps(base, images, taps, mirrored) for mirrored, taps in sides.items() if taps}
             for entry, array in zip(entries, arrays, strict=True):

@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 from torch import nn
-from tqdm import tqdm
 
 from models.base_export import base_model_file
 from models.base_identity import identify
@@ -55,6 +54,7 @@ from models.mc_kinds import MC_KINDS, MCKind
 from models.microclassifiers import Ensemble, MicroClassifier, build_mc
 from models.motion import fit_veto, no_veto_reason, region_foreground, still
 from models.optimizer_kinds import OPTIMIZERS
+from models.progress import progress_bar
 from models.roi import FULL_FRAME, ROI
 from models.taps import PIXEL_TAP, PIXELS, round_input_size
 
@@ -680,7 +680,7 @@ def train_steps(
     net.to(device).train()
     loss_fn = torch.nn.BCEWithLogitsLoss()
     losses: list[float] = []
-    with tqdm(total=steps, desc="training MC", unit="step", disable=not progress) as bar:
+    with progress_bar(progress, total=steps, desc="training MC", unit="step") as bar:
         for step, (frames, targets) in zip(range(1, steps + 1), batches, strict=False):
             inputs = data.inputs(frames, device, int(views[step - 1]))
             features, valid, difficulties = curriculum_inputs(*inputs, curricula, step)

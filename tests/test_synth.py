@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import pty
+import subprocess
+import sys
+import termios
 from pathlib import Path
 
 import av
@@ -180,8 +185,38 @@ def test_an_os_error_is_one_line_and_the_traceback_is_behind_verbose(
     (tmp_path / "scene" / "labels.csv").mkdir(parents=True)  # in the way of the file synth writes there
     argv = ["dataset", "synth", "--out", str(tmp_path / "scene"), "--frames", "10", "--force"]
     assert main(argv) == 1
-    error = capsys.readouterr().err.rstrip("\n").split("\n")[-1]  # after the frames' progress bar
+    error = capsys.readouterr().err.rstrip("\n")  # no progress bar: stderr is no terminal here
     in_the_way = tmp_path / "scene" / "labels.csv"
     assert error == f"filterforward dataset: error: {in_the_way}: Is a directory (-v shows where)"
     with pytest.raises(IsADirectoryError):
         main(["-v", *argv])
+
+
+def test_progress_bars_show_on_a_terminal_only(tmp_path: Path) -> None:
+    """A bar on a pipe or in a log file is one line of carriage returns growing with every update."""
+    argv = [sys.executable, "-m", "filterforward", "dataset", "synth", "--frames", "12", "--size", "96x64"]
+    piped = subprocess.run([*argv, "--out", str(tmp_path / "piped")], capture_output=True, text=True, check=True)
+    assert "frame/s" not in piped.stderr and "\r" not in piped.stderr, piped.stderr
+    controller, terminal = pty.openpty()
+    termios.tcsetwinsize(terminal, (24, 100))  # a new pseudo-terminal is 0 columns wide: no room for a bar
+    try:
+        subprocess.run([*argv, "--out", str(tmp_path / "tty")], stderr=terminal, stdout=subprocess.DEVNULL, check=True)
+        os.close(terminal)
+        shown = _read_all(controller)
+    finally:
+        os.close(controller)
+    assert "12/12" in shown and "frame/s" in shown, shown
+
+
+def _read_all(fd: int) -> str:
+    """What the other end of a pseudo-terminal wrote (reading it past the end raises EIO on Linux)."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from models.datasets.labelled import CONFIG_FILE, LABELS_FILE, LabelledDataset, check_output, write_labelled
 from models.errors import FilterForwardError
+from models.progress import progress_bar
 from models.roi import ROI
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def write_synthetic(
     plan_seed, render_seed = np.random.SeedSequence(seed).spawn(2)
     tracks = plan_tracks(n_frames, (width, height), np.random.default_rng(plan_seed))
     frames = _render(tracks, n_frames, (width, height), np.random.default_rng(render_seed))
-    _encode(frames, out / VIDEO_FILE, (width, height), fps, tqdm(total=n_frames, disable=not progress, unit="frame"))
+    _encode(frames, out / VIDEO_FILE, (width, height), fps, progress_bar(progress, total=n_frames, unit="frame"))
     labels = {event: label_event(event, tracks, n_frames, (width, height)) for event in EVENTS}
     dataset = LabelledDataset(
         root=out,
