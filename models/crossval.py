@@ -65,6 +65,8 @@ class FoldPlan:
     folds: tuple[Fold, ...]
     occurrences: int  # separate occurrences of the event in the training frames
     method: str  # "occurrences" (whole occurrences held out) or "blocks" (one occurrence cut in thirds)
+    runs: int  # runs of positive frames, before those closer than merge_gap were joined into occurrences
+    merge_gap: int
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,12 @@ def plan_folds(labels: np.ndarray, span: tuple[int, int], merge_gap: int, guard:
     labelled frames, as a feedback round's "right" event can be) leave a fold that trains on positives only; then
     the occurrences are cut in thirds as a single one's would be, so the filter is still validated."""
     found = occurrences(labels, span, merge_gap)
+    runs = len(occurrences(labels, span, merge_gap=0))
     folds = _folds(_occurrence_blocks(found, span), labels, span, guard) if len(found) >= 2 else []
     if len(folds) >= 2:
-        return FoldPlan(tuple(folds), len(found), "occurrences")
-    return FoldPlan(tuple(_folds(_class_blocks(labels, span), labels, span, guard)), len(found), "blocks")
+        return FoldPlan(tuple(folds), len(found), "occurrences", runs, merge_gap)
+    blocks = _folds(_class_blocks(labels, span), labels, span, guard)
+    return FoldPlan(tuple(blocks), len(found), "blocks", runs, merge_gap)
 
 
 def _folds(blocks: list[np.ndarray], labels: np.ndarray, span: tuple[int, int], guard: int) -> list[Fold]:
@@ -241,8 +245,13 @@ def _warnings(
     """Plain reasons not to trust the filter yet, each with what to label next."""
     warnings = []
     if plan.method == "blocks" and plan.occurrences < 2:
+        joined = (
+            f" (its {plan.runs} runs of frames are at most {plan.merge_gap} frames apart, so they count as one)"
+            if plan.runs > 1
+            else ""
+        )
         warnings.append(
-            "the training frames hold one occurrence of the event, so the estimate is for the rest of that "
+            f"the training frames hold one occurrence of the event{joined}, so the estimate is for the rest of that "
             "occurrence, not for a new one: label frames with another occurrence (another time, another object) "
             "and train again"
         )

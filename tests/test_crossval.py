@@ -145,3 +145,13 @@ def test_one_occurrence_and_few_positives_are_warned_about() -> None:
     warnings = summarize(plan, scores, labels, n_positive=12).validation.warnings
     assert any("one occurrence" in w and "label frames with another occurrence" in w for w in warnings)
     assert any("only 12 frames show the event" in w for w in warnings)
+    assert not any("runs of frames" in w for w in warnings)
+
+
+def test_runs_of_the_event_close_together_are_one_occurrence_and_the_warning_says_so() -> None:
+    labels = labels_with(200, (60, 90), (94, 120))  # somebody stepping off the region for three frames
+    plan = plan_folds(labels, (0, 200), merge_gap=10, guard=2)
+    assert (plan.occurrences, plan.runs, plan.method) == (1, 2, "blocks")
+    warnings = summarize(plan, np.where(labels == 1, 0.8, 0.1), labels, n_positive=58).validation.warnings
+    [warning] = [w for w in warnings if "one occurrence" in w]
+    assert "(its 2 runs of frames are at most 10 frames apart, so they count as one)" in warning
