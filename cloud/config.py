@@ -11,6 +11,7 @@ from sqlalchemy.exc import ArgumentError
 
 from cloud.notify import CHANNELS
 from common.configfile import ConfigPath, FolderPath, read_config
+from models.bundle import MAX_MODEL_BYTES
 
 Scope = Literal["read", "write", "train"]  # train: a trainer service taking training jobs
 DATABASES = ("sqlite", "postgresql")  # the backends the schema migrations and tests cover
@@ -91,7 +92,12 @@ class CloudConfig(notification_keys()):
     zmq: ZmqConfig
     retention: RetentionConfig = RetentionConfig()
     training: TrainingConfig = TrainingConfig()
-    max_upload_bytes: int = Field(16 * 2**20, gt=0, description="limit on an uploaded MC model")
+    max_upload_bytes: int = Field(
+        MAX_MODEL_BYTES,
+        gt=0,
+        le=MAX_MODEL_BYTES,
+        description="limit on an uploaded MC model (edges take at most 16 MiB)",
+    )
 
     @field_validator("tokens")
     @classmethod

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.dataset_folders import DatasetFolders
-from cloud.db import Camera, Dataset, DatasetFrame, Edge, Label, begin_writing
+from cloud.db import Camera, Dataset, DatasetFrame, Edge, Label, TrainingJob, begin_writing, utcnow
 from cloud.registry import RegistryError
 from common.protocol import FootageHeader, FootageRequest, FootageStatus
 from common.video import even
@@ -291,9 +291,22 @@ class Datasets:
         self.refresh(name)
 
     def delete(self, name: str) -> None:
+        """The dataset, its frames and labels. Its training jobs stay (a deployed one is a revision of its filter, to
+        roll back to) without it; one still queued or running fails, as nothing is left to train on."""
         with self._sessions.begin() as session:
-            session.delete(self.get(session, name))
+            dataset = self.get(session, name)
+            waiting = TrainingJob.status.in_(("queued", "running"))
+            failed = session.execute(
+                update(TrainingJob)
+                .where(TrainingJob.dataset == name, waiting)
+                .values(
+                    status="failed", error=f"its dataset {name!r} was deleted", finished_at=utcnow(), lease_until=None
+                )
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            session.delete(dataset)
         self.folders.delete(name)
+        log.info("dataset %s deleted%s", name, f"; {failed} training job(s) on it failed" if failed else "")
 
     def refresh(self, name: str) -> None:
         """Rewrite the dataset's labels.csv and dataset.yaml from the database."""

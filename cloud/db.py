@@ -300,7 +300,10 @@ class TrainingJob(Base):
     __table_args__ = (Index("ix_training_jobs_status_created", "status", "created_at"),)
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    dataset: Mapped[str] = mapped_column(ForeignKey("datasets.name", ondelete="CASCADE"), index=True)
+    # A deleted dataset leaves its jobs (a filter's revisions, to roll back to) without it: NULL.
+    dataset: Mapped[str | None] = mapped_column(
+        ForeignKey("datasets.name", ondelete="SET NULL", name="fk_training_jobs_dataset"), index=True
+    )
     event: Mapped[str] = mapped_column(String(64))
     filter_name: Mapped[str] = mapped_column(String(64), doc="the filter it makes (a new revision if it exists)")
     options: Mapped[dict[str, Any]] = mapped_column(default=dict, doc="training options the trainer passes on")

@@ -103,15 +103,16 @@ class Registry:
 
     def update(self, name: str, spec: FilterSpec, onnx: bytes | None) -> Filter:
         """Replace a filter's spec (its version becomes the stored one + 1) and, if given, its model."""
-        if spec.name != name:
-            raise RegistryError(
-                422, f"spec name '{spec.name}' differs from the filter '{name}' in the URL: filters cannot be renamed"
-            )
-        if onnx is not None:
+        if onnx is not None:  # outside the transaction, which holds every other filter change back
             self._check_model(spec, onnx)
 
         def replace(session: Session, version: int) -> Filter:
-            row = _existing(session, name)
+            row = _existing(session, name)  # a missing filter is 404 whatever name its spec gives
+            if spec.name != name:
+                raise RegistryError(
+                    422,
+                    f"spec name '{spec.name}' differs from the filter '{name}' in the URL: filters cannot be renamed",
+                )
             if onnx is None:  # the stored model must still fit the new spec (tap, ROI, input size)
                 self._check_model(spec, row.onnx)
             stored = int(row.spec.get("version", 1))

@@ -212,7 +212,7 @@ class TrainingReport(BaseModel):
 
 class TrainingJobOut(BaseModel):
     id: int
-    dataset: str
+    dataset: str | None = Field(description="null once the dataset was deleted (the job stays: a filter's revision)")
     event: str
     filter: str = Field(description="the filter it makes (a new revision when it exists)")
     options: TrainingOptions
@@ -242,7 +242,7 @@ class RevisionOut(BaseModel):
     """A training job deployed as the filter: one of its revisions, to compare or to roll back to."""
 
     job: int = Field(description="the training job (POST /api/training-jobs/{job}/deploy rolls back to it)")
-    dataset: str
+    dataset: str | None = Field(description="what it was trained on; null once that dataset was deleted")
     event: str
     validation: Validation | None = Field(description="its cross-validated estimate (event F1 with its spread)")
     positives: int = Field(description="frames labelled with the event it was trained on")

@@ -24,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from cloud.config import TrainingConfig
-from cloud.db import Dataset, Edge, Filter, Label, TrainingJob, utcnow
+from cloud.db import Dataset, DatasetFrame, Edge, Filter, Label, TrainingJob, utcnow
 from cloud.registry import TAPS, Registry, RegistryError, parse_spec, too_big
 from cloud.schemas import TrainingReport
 from models.bundle import check_mc_model
@@ -117,7 +117,7 @@ class TrainingJobs:
         spec = FilterSpec.model_validate(job.spec)
         with self._sessions() as session:
             current = session.get(Filter, spec.name)
-            source = session.get(Dataset, job.dataset)
+            source = session.get(Dataset, job.dataset) if job.dataset is not None else None
         if current is None:
             row = self.registry.create(_on_its_camera(spec, source.camera if source else None), job.onnx)
         else:
@@ -204,6 +204,7 @@ class TrainingJobs:
             )
         self._check_model(spec, onnx)
         report = _parse_report(report_text)
+        self._check_report(job, report)
         report["uncertain"] = self._unlabelled(job, report["uncertain"])
         now = utcnow()
         values = {
@@ -252,6 +253,33 @@ class TrainingJobs:
         if not self._write(f"training job {job.id}", partial(_swap, job_id=job.id, guard=guard, values=values)):
             raise TrainingError(
                 409, f"training job {job.id} changed hands while trainer '{job.trainer}' reported: claim another"
+            )
+
+    def _check_report(self, job: TrainingJob, report: dict[str, Any]) -> None:
+        """422 for a report about another filter or event than the job's, or naming frames its dataset lacks (the
+        studio shows those frames)."""
+        if (report["filter"], report["event"]) != (job.filter_name, job.event):
+            raise TrainingError(
+                422,
+                f"the report is for filter '{report['filter']}' and event '{report['event']}', but job {job.id} makes "
+                f"filter '{job.filter_name}' for event '{job.event}': send the report of this job's training",
+            )
+        examples = report["examples"]
+        named = {e["frame"] for group in ("hits", "false_alarms", "misses") for e in examples[group]}
+        named |= {e["frame"] for e in report["uncertain"]}
+        with self._sessions() as session:
+            found = set(
+                session.scalars(
+                    select(DatasetFrame.number).where(
+                        DatasetFrame.dataset == job.dataset, DatasetFrame.number.in_(named)
+                    )
+                )
+            )
+        if missing := sorted(named - found):
+            raise TrainingError(
+                422,
+                f"the report names frame {missing[0]}, which dataset '{job.dataset}' does not have: report frames of "
+                "the dataset the job trained on",
             )
 
     def _unlabelled(self, job: TrainingJob, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -319,11 +347,20 @@ def filter_source(session: Session, filter_name: str) -> tuple[str, str]:
         .order_by(TrainingJob.created_at.desc(), TrainingJob.id.desc())
         .limit(1)
     ).first()
+    if row is None and session.get(Filter, filter_name) is None:
+        raise TrainingError(404, f"no filter named '{filter_name}': list the filters with GET /api/filters")
     if row is None:
         raise TrainingError(
             409,
             f"filter '{filter_name}' was not made in the studio, so it has no dataset to learn from: train it in the "
             "studio first (label a dataset, then POST /api/training-jobs and deploy the job)",
+        )
+    if row.dataset is None:
+        raise TrainingError(
+            409,
+            f"the dataset filter '{filter_name}' was trained on has been deleted, so feedback has nowhere to go: "
+            f"train the filter on a dataset in the studio (POST /api/training-jobs with filter '{filter_name}') and "
+            "deploy the job",
         )
     return row.dataset, row.event
 

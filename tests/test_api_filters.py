@@ -256,6 +256,15 @@ REFUSALS = [
         "no filter named 'nobody'",
     ),
     (
+        "update of an unknown filter whose spec has another name",
+        "put",
+        "/api/filters/nobody",
+        spec_for("other").model_dump_json(),
+        None,
+        404,
+        "no filter named 'nobody'",
+    ),
+    (
         "rename by update",
         "put",
         "/api/filters/existing",

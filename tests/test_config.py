@@ -172,6 +172,15 @@ def test_config_check_reports_ok_or_the_one_line_error(
     assert "valid cloud config: HTTP on 127.0.0.1:8000" in capsys.readouterr().out
     assert main(["config", "check", str(cloud), "--kind", "edge"]) == 2
     assert "cameras: required key is missing" in capsys.readouterr().err
+    # A model limit above what edges load (models.bundle) would accept filters no edge can run.
+    big = write(tmp_path, "tokens: [{name: ops, token: '${FF_TEST_TOKEN}'}]\nzmq: {insecure: true}\n"
+                "max_upload_bytes: 67108864\n", "big.yaml")  # fmt: skip
+    assert main(["config", "check", str(big)]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("line 3: max_upload_bytes: Input should be less than or equal to 16777216")
+    )
 
     neither = write(tmp_path, "edge_id: x\n", "neither.yaml")
     assert main(["config", "check", str(neither)]) == 2

@@ -185,3 +185,38 @@ def test_racing_start_ups_migrate_once(db_url: str, engines: list[Engine]) -> No
     engines.append(create_engine(db_url))
     with engines[0].connect() as connection:
         assert versions(connection) == [HEAD]
+
+
+def test_training_jobs_kept_through_the_upgrade_outlive_their_dataset(db_url: str, engines: list[Engine]) -> None:
+    """Revision 0006: a dataset's deletion used to delete its training jobs, deployed ones (a filter's revisions)
+    too; the jobs of a database from before it survive the upgrade and then the deletion of their dataset."""
+    old = create_engine(db_url)
+    engines.append(old)
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    with old.begin() as connection:
+        command.upgrade(migrations.alembic_config(connection), "0005")
+        connection.execute(
+            text(
+                "INSERT INTO datasets (name, source, every, duration, max_frames, status, message, frames, fps,"
+                " regions, created_at, updated_at) VALUES ('lot', 'upload', 0, 0, 0, 'complete', '', 3, 10, '{}',"
+                " :at, :at)"
+            ),
+            {"at": at},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO training_jobs (dataset, event, filter_name, options, status, progress, attempts, error,"
+                " deployed, created_at) VALUES ('lot', 'car', 'lot-car', '{}', 'done', '{}', 1, '', :yes, :at)"
+            ),
+            {"at": at, "yes": True},
+        )
+    old.dispose()
+
+    engine = make_engine(db_url)
+    engines.append(engine)
+    with engine.begin() as connection:
+        assert versions(connection) == [HEAD]
+        assert connection.execute(text("SELECT dataset, filter_name FROM training_jobs")).all() == [("lot", "lot-car")]
+        connection.execute(text("DELETE FROM datasets WHERE name = 'lot'"))
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT dataset, filter_name FROM training_jobs")).all() == [(None, "lot-car")]

@@ -57,18 +57,39 @@ def cloud(
         yield server
 
 
-def upload_and_label(server: CloudServer, clip: LabelledDataset) -> None:
+def upload_and_label(server: CloudServer, clip: LabelledDataset, name: str = DATASET) -> None:
     """The clip through POST /api/datasets/upload, its event's labels and an event labelled positive only."""
     with server.client() as client, (clip.root / "video.mp4").open("rb") as video:
-        answer = client.post("/api/datasets/upload", data={"name": DATASET}, files={"video": ("clip.mp4", video)})
+        answer = client.post("/api/datasets/upload", data={"name": name}, files={"video": ("clip.mp4", video)})
         assert answer.status_code == 201, answer.text
         assert answer.json()["frames"] == clip.n_frames
         labels = [{"frame": i, "value": int(v)} for i, v in enumerate(clip.labels[EVENT])]
-        answer = client.put(f"/api/datasets/{DATASET}/labels", json={"event": EVENT, "labels": labels})
+        answer = client.put(f"/api/datasets/{name}/labels", json={"event": EVENT, "labels": labels})
         assert answer.status_code == 200, answer.text
         only_positive = [{"frame": i, "value": 1} for i in range(10)]
-        answer = client.put(f"/api/datasets/{DATASET}/labels", json={"event": "always", "labels": only_positive})
+        answer = client.put(f"/api/datasets/{name}/labels", json={"event": "always", "labels": only_positive})
         assert answer.status_code == 200, answer.text
+
+
+def report_of(job: dict[str, Any], **fields: Any) -> str:
+    """A trainer's report for a job a test finishes by hand (the shape trainer.report writes)."""
+    examples = {"source": "training frames", "hits": [{"frame": 3, "score": 0.9}], "false_alarms": [], "misses": []}
+    report = {
+        "filter": job["filter"], "event": job["event"], "architecture": "full_frame", "tap": "late",
+        "input_size": [160, 96], "frames": [0, 120], "positives": 45, "negatives": 75, "steps": 30,
+        "validation": None, "training_f1": 1.0, "warnings": [], "candidates": [], "seconds": 1.0,
+        "examples": {**examples, "counts": {"hits": 1, "false_alarms": 0, "misses": 0}}, "uncertain": [],
+        **fields,
+    }  # fmt: skip
+    return json.dumps(report)
+
+
+def post_result(cloud: CloudServer, make_filter: Any, job: dict[str, Any], trainer: str, report: str) -> httpx.Response:
+    """The result of a job `trainer` holds: a real filter bundle for the job's filter and event, and `report`."""
+    spec, onnx = make_filter("full_frame", "late", (160, 96), name=job["filter"], event=job["event"])
+    form = {"trainer": trainer, "spec": spec.model_dump_json(), "report": report}
+    with cloud.client(TRAINER_TOKEN) as client:
+        return client.post(f"/api/training-jobs/{job['id']}/result", data=form, files={"model": ("model.onnx", onnx)})
 
 
 def queue_job(cloud: CloudServer, filter_name: str, **fields: Any) -> dict[str, Any]:
@@ -221,6 +242,69 @@ def test_stale_trainers_are_refused_and_a_job_fails_after_its_trainers_die(
     assert claim(cloud, "trainer-4").status_code == 204
     failed_job = get_job(cloud, job["id"])
     assert failed_job["status"] == "failed" and "died" in failed_job["error"] and "trainer-3" in failed_job["error"]
+
+
+def test_a_report_about_other_things_than_its_job_is_refused(cloud: CloudServer, make_filter: Any) -> None:
+    job = queue_job(cloud, "reported")
+    assert claim(cloud, "trainer-r").json()["id"] == job["id"]
+    no_hits = {"source": "training frames", "hits": [], "false_alarms": [], "misses": []}
+    cases = [
+        (report_of(job, event="always"), "the report is for filter 'reported' and event 'always', but job"),
+        (report_of(job, filter="another"), "the report is for filter 'another'"),
+        (report_of(job, uncertain=[{"frame": 999, "score": 0.5}]), "names frame 999, which dataset 'synthetic' does"),
+        (
+            report_of(job, examples={**no_hits, "misses": [{"frame": 120, "score": 0.1}], "counts": {"misses": 1}}),
+            "names frame 120",
+        ),
+    ]
+    for report, detail in cases:
+        answer = post_result(cloud, make_filter, job, "trainer-r", report)
+        assert answer.status_code == 422 and detail in answer.json()["detail"], answer.text
+    assert get_job(cloud, job["id"])["status"] == "running"  # nothing stored: the trainer may send it right
+    answer = post_result(cloud, make_filter, job, "trainer-r", report_of(job, uncertain=[{"frame": 119, "score": 0.5}]))
+    assert answer.status_code == 200, answer.text
+    assert get_job(cloud, job["id"])["result"]["uncertain"] == []  # frame 119 is labelled: not one to label next
+
+
+def test_deleting_a_dataset_keeps_its_deployed_jobs_and_fails_waiting_ones(
+    cloud: CloudServer, clip: LabelledDataset, make_filter: Any
+) -> None:
+    """A deployed job is a revision of its filter, to roll back to, whether or not its frames are still kept."""
+    upload_and_label(cloud, clip, "doomed")
+    deployed = queue_job(cloud, "doomed-made", dataset="doomed")
+    assert claim(cloud, "trainer-d").json()["id"] == deployed["id"]
+    assert post_result(cloud, make_filter, deployed, "trainer-d", report_of(deployed)).status_code == 200
+    running, queued = queue_job(cloud, "doomed-made", dataset="doomed"), queue_job(cloud, "doomed-2", dataset="doomed")
+    assert claim(cloud, "trainer-e").json()["id"] == running["id"]
+    with cloud.client() as client:
+        assert client.post(f"/api/training-jobs/{deployed['id']}/deploy").status_code == 200
+        assert client.delete("/api/datasets/doomed").status_code == 204
+
+        kept = get_job(cloud, deployed["id"])
+        assert (kept["status"], kept["dataset"], kept["deployed"]) == ("done", None, True)
+        [revision] = client.get("/api/filters/doomed-made/revisions").json()
+        assert (revision["job"], revision["dataset"], revision["current"]) == (deployed["id"], None, True)
+        for job in (running, queued):
+            failed = get_job(cloud, job["id"])
+            assert (failed["status"], failed["error"], failed["dataset"]) == (
+                "failed",
+                "its dataset 'doomed' was deleted",
+                None,
+            )
+        progress = {"trainer": "trainer-e", "stage": "training", "fraction": 0.5}
+        with cloud.client(TRAINER_TOKEN) as trainer:  # the trainer that held one learns to stop
+            stopped = trainer.post(f"/api/training-jobs/{running['id']}/progress", json=progress)
+        assert stopped.status_code == 409 and "it is failed" in stopped.json()["detail"]
+
+        assert client.post(f"/api/training-jobs/{deployed['id']}/deploy").status_code == 200  # still rolls back
+        interval = {"edge": "e", "camera": "c", "start": "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00Z"}
+        gone = client.post("/api/filters/doomed-made/missed", json=interval)
+        assert gone.status_code == 409 and "was trained on has been deleted" in gone.json()["detail"], gone.text
+        unknown = client.post("/api/filters/nobody-at-all/missed", json=interval)
+        assert unknown.status_code == 404 and "no filter named 'nobody-at-all'" in unknown.json()["detail"]
+    upload_and_label(cloud, clip, "doomed")  # the name again: a new dataset, with none of the old jobs
+    with cloud.client() as client:
+        assert client.get("/api/training-jobs", params={"dataset": "doomed"}).json() == []
 
 
 def test_trainers_claiming_at_once_never_share_a_job(cloud: CloudServer) -> None:

@@ -1149,7 +1149,7 @@ function revisionItem(filter, revision) {
     action = el("button", attrs, "Roll back to this");
     action.addEventListener("click", () => rollBack(filter, revision, action));
   }
-  const title = `trained on ${revision.dataset} / ${revision.event}`;
+  const title = `trained on ${revision.dataset ?? "a deleted dataset"} / ${revision.event}`;
   return el(
     "li",
     { "data-testid": "revision", "data-job": revision.job, title },
