@@ -11,6 +11,10 @@ Filters from local bundles in the edge config stay unless the cloud has one of t
 back when the cloud deletes it). Filters that apply to none of this edge's cameras are kept out of the
 bank. A filter that fails to load here (say, trained at another input size) is logged, counted in
 `errors` and skipped; the rest of the change set still applies.
+
+The cloud's filters that run here are kept on disk (edge.filtercache) after every change and go into the bank on
+start, before the cloud answers: an edge restarted during an outage filters with them as it last had them (and
+spools its matches), where it would match nothing; the first snapshot then replaces them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 import zmq
 
 from common.protocol import TOPIC, FilterUpdate, ProtocolError, SnapshotEnd, SnapshotRequest, decode
+from edge.filtercache import FilterCache
 from edge.link import Link, Worker, open_socket
 from edge.mcbank import MCBank
 from models.filterspec import FilterSpec
@@ -31,6 +36,7 @@ log = logging.getLogger(__name__)
 
 Update = tuple[FilterUpdate, bytes]
 _RESNAPSHOT = "resnapshot"  # queued when the link reports a new cloud session
+KEPT = 0  # the "version" of a filter restored from disk: below every real one, so any snapshot puts it again
 
 
 class FilterSync:
@@ -42,15 +48,19 @@ class FilterSync:
         link: Link,
         cameras: list[str],
         local: dict[str, tuple[FilterSpec, bytes]] | None = None,
+        cache: FilterCache | None = None,
     ):
         self.bank = bank
         self.link = link
         self.cameras = list(cameras)
         self.local = dict(local or {})  # name -> (spec, onnx) from the edge config's bundles
+        self.cache = cache
         self.version = 0
         self.errors = 0
+        self.restored = 0  # filters put in the bank from the cache on start
         self.synced = threading.Event()  # set once the first snapshot is applied
         self._cloud: dict[str, int] = {}  # names the cloud governs -> version of the change last applied
+        self._running: dict[str, tuple[FilterSpec, bytes]] = {}  # the cloud's filters in the bank: what is kept
         self._from_link: queue.SimpleQueue[tuple[FilterUpdate | SnapshotEnd, bytes] | str] = queue.SimpleQueue()
         # Parts of the snapshot being received: replies come whole and in order, so the parts since the last
         # SnapshotEnd belong to the next one.
@@ -63,6 +73,11 @@ class FilterSync:
         link.on_restart(self._session_changed)
 
     def start(self) -> None:
+        """Restore the kept filters, then follow the cloud."""
+        if self.cache is not None:
+            for spec, onnx in self.cache.load():
+                if self._load(spec.name, KEPT, spec, onnx):
+                    self.restored += 1
         self._worker.start()
 
     def close(self) -> None:
@@ -151,6 +166,7 @@ class FilterSync:
             self._put(header, payload)
         self._set_version(version)
         log.info("filters in step with the cloud at version %d: %s", version, sorted(self.bank.filters) or "none")
+        self._keep()
         held, self._held = self._held, []
         for header, payload in sorted(held, key=lambda update: update[0].version):
             if self._awaiting_since is None:  # a gap among them asks for another snapshot
@@ -169,43 +185,55 @@ class FilterSync:
         elif header.name in self._cloud:
             self._drop(header.name)
         self._set_version(header.version)
+        self._keep()
 
     def _set_version(self, version: int) -> None:
         self.version = version
         self.link.filters_version = version
+
+    def _keep(self) -> None:
+        if self.cache is not None:
+            self.cache.save(self.version, self._running.values())
 
     # -- changes to the bank -----------------------------------------------------------------------------
 
     def _put(self, header: FilterUpdate, payload: bytes) -> None:
         if self._cloud.get(header.name) == header.version:
             return  # unchanged since we applied it
-        self._cloud[header.name] = header.version
-        spec = header.spec
-        if spec is None:
-            self._failed(header, "the update carries no spec")
-        elif not any(spec.applies_to(camera) for camera in self.cameras):
-            self.bank.remove(spec.name)
-            log.info("filter %s is for cameras %s, none of them here; not loaded", spec.name, spec.cameras)
+        if header.spec is None:
+            self._cloud[header.name] = header.version
+            self._failed(header.name, header.version, "the update carries no spec")
         else:
-            try:
-                self.bank.put(spec, payload)
-            except Exception as exc:  # a model the cloud accepted can still fail here; ONNX Runtime raises many types
-                self._failed(header, str(exc))
+            self._load(header.name, header.version, header.spec, payload)
+
+    def _load(self, name: str, version: int, spec: FilterSpec, onnx: bytes) -> bool:
+        """The cloud's filter into the bank if it runs here (whether it does); it governs `name` either way. A
+        filter that fails to load leaves the bank, and so what is kept, as it was."""
+        self._cloud[name] = version
+        if not any(spec.applies_to(camera) for camera in self.cameras):
+            self.bank.remove(name)
+            self._running.pop(name, None)
+            log.info("filter %s is for cameras %s, none of them here; not loaded", name, spec.cameras)
+            return False
+        try:
+            self.bank.put(spec, onnx)
+        except Exception as exc:  # a model the cloud accepted can still fail here; ONNX Runtime raises many types
+            self._failed(name, version, str(exc))
+            return False
+        self._running[name] = (spec, onnx)
+        return True
 
     def _drop(self, name: str) -> None:
         """The cloud no longer has `name`: the local bundle of that name comes back, or the filter goes."""
         del self._cloud[name]
+        self._running.pop(name, None)
         if name in self.local:
             self.bank.put(*self.local[name])
             log.info("filter %s deleted in the cloud: the local bundle of that name is active again", name)
         else:
             self.bank.remove(name)
 
-    def _failed(self, header: FilterUpdate, why: str) -> None:
+    def _failed(self, name: str, version: int, why: str) -> None:
         self.errors += 1
-        log.error(
-            "filter %s (version %d) from the cloud cannot run on this edge: %s; skipped",
-            header.name,
-            header.version,
-            why,
-        )
+        kept = "kept from the cloud" if version == KEPT else f"(version {version}) from the cloud"
+        log.error("filter %s %s cannot run on this edge: %s; skipped", name, kept, why)

@@ -18,6 +18,7 @@ from typing import Any
 
 from common.protocol import Stats
 from edge.config import CameraConfig, EdgeConfig
+from edge.filtercache import FilterCache
 from edge.filtersync import FilterSync
 from edge.footage import FootageRecorder
 from edge.link import Link
@@ -38,6 +39,7 @@ OFFLINE_POLL = 0.5  # seconds a camera thread waits for a frame before it checks
 
 DRAIN_MAX = 10.0  # seconds a stopping node waits at most for the cloud to acknowledge the spool
 POLL = 0.1  # seconds between checks for a stop request (a signal handler only bumps a counter)
+FILTERS_FOLDER = "filters"  # under the spool's folder: the cloud's filters as this edge last had them
 
 
 def load_filters(bank: MCBank, bundles: list[Path], cameras: list[str]) -> list[tuple[FilterSpec, bytes]]:
@@ -99,7 +101,8 @@ class EdgeNode:
             self.uplink = Uplink(self.link, config.spool)
             self.footage = FootageRecorder(self.link, self.uplink, config.spool.path / "footage")
             named = {spec.name: (spec, onnx) for spec, onnx in local}
-            self.filtersync = FilterSync(self.bank, self.link, cameras, named)
+            kept = FilterCache(config.spool.path / FILTERS_FOLDER)
+            self.filtersync = FilterSync(self.bank, self.link, cameras, named, kept)
         self.sink = sink or self.uplink or FolderSink(config.sink.path)
         self.metrics: MetricsServer | None = None
         self._stop = threading.Event()  # set by run() once a stop was asked for: the camera threads see it
@@ -194,8 +197,14 @@ class EdgeNode:
             if self._stopping():
                 return
             if time.monotonic() >= deadline:
+                running = len(self.bank.filters)
                 log.warning(
-                    "no filters from the cloud within %g s: starting with the local ones; the cloud's follow", timeout
+                    "no filters from the cloud within %g s: starting with %d filter(s), %d of them the cloud's as this "
+                    "edge last had them; the cloud's follow when it answers%s",
+                    timeout,
+                    running,
+                    self.filtersync.restored,
+                    "" if running else " (until then nothing will be matched)",
                 )
                 return
 

@@ -15,6 +15,7 @@ from cloud.db import Camera, Edge, Filter, FilterChange
 from cloud.db import Event as EventRow
 from cloud.registry import Registry
 from edge.config import CameraConfig, EdgeConfig, SpoolConfig
+from edge.filtercache import FilterCache
 from edge.filtersync import FilterSync
 from edge.mcbank import MCBank
 from edge.node import EdgeNode
@@ -27,11 +28,18 @@ SIZE = (128, 96)
 class Edgeside:
     """An edge's bank, link, uplink and filter sync, as the edge node wires them."""
 
-    def __init__(self, cloud: Cloud, folder: Path, local: Sequence[tuple[FilterSpec, bytes]] = ()):
+    def __init__(
+        self,
+        cloud: Cloud,
+        folder: Path,
+        local: Sequence[tuple[FilterSpec, bytes]] = (),
+        cache: FilterCache | None = None,
+    ):
         self.bank = MCBank(EFFICIENTNET_LITE0_TAPS, SIZE, workers=1)
         self.bank.put_many(list(local))
         self.link, self.uplink = make_uplink(cloud.link(cloud.keys.edge(EDGE) if cloud.keys else None), folder)
-        self.sync = FilterSync(self.bank, self.link, ["gate"], {spec.name: (spec, onnx) for spec, onnx in local})
+        local_filters = {spec.name: (spec, onnx) for spec, onnx in local}
+        self.sync = FilterSync(self.bank, self.link, ["gate"], local_filters, cache)
         self.link.start()
         self.sync.start()
         assert self.sync.synced.wait(30)
@@ -185,3 +193,81 @@ def test_an_edge_node_runs_the_cloud_s_filters_and_sends_its_matches_up(
             return camera is not None and camera.stats["online"] is False
 
     wait_until(offline, "the edge's last stats to show the camera offline")
+
+
+def test_an_edge_restarted_while_the_cloud_is_down_runs_the_cloud_s_filters_it_had(
+    cloud: Cloud, registry: Registry, make_filter, tmp_path: Path
+) -> None:
+    registry.create(*make_filter("full_frame", "late", SIZE, name="a"))
+    registry.create(*make_filter("full_frame", "late", SIZE, name="elsewhere", cameras=["other-camera"]))
+    edge = Edgeside(cloud, tmp_path, cache=FilterCache(tmp_path / "kept"))
+    registry.create(*make_filter("localized", "late", SIZE, name="b"))
+    wait_until(lambda: edge.sync.version == 3)
+    edge.close()
+    cloud.stop()  # a power cut during an outage: the edge starts again with no cloud to ask
+    registry.delete("a")  # meanwhile
+
+    bank = MCBank(EFFICIENTNET_LITE0_TAPS, SIZE, workers=1)
+    link, uplink = make_uplink(cloud.link(), tmp_path / "again")
+    sync = FilterSync(bank, link, ["gate"], cache=FilterCache(tmp_path / "kept"))
+    link.start()
+    sync.start()
+    assert set(bank.filters) == {"a", "b"} and sync.restored == 2 and not sync.synced.is_set()
+    cloud.start()
+    wait_until(lambda: set(bank.filters) == {"b"} and sync.version == 4, "the cloud's snapshot")
+    wait_until(lambda: [spec.name for spec, _ in FilterCache(tmp_path / "kept").load()] == ["b"], "b alone kept")
+    sync.close()
+    close(link, uplink)
+    bank.close()
+
+
+def test_kept_filters_that_are_damaged_are_left_out_and_a_failed_save_keeps_the_last_set(
+    make_filter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = FilterCache(tmp_path / "kept")
+    assert cache.load() == []  # nothing saved yet
+    a, b = make_filter("full_frame", "late", SIZE, name="a"), make_filter("full_frame", "late", SIZE, name="b")
+    cache.save(7, [a, b])
+    assert cache.load() == [a, b]
+    cache.save(8, [a])  # b's model is not kept once b is gone
+    assert cache.load() == [a] and len(list((tmp_path / "kept").glob("*.onnx"))) == 1
+
+    [model] = (tmp_path / "kept").glob("*.onnx")
+    model.write_bytes(model.read_bytes()[:-1])
+    with caplog.at_level("WARNING", logger="edge.filtercache"):
+        assert cache.load() == []
+    assert "filter a kept from the cloud has an altered model; not used" in caplog.text
+
+    (tmp_path / "kept" / "index.json").write_text("{not json")
+    with caplog.at_level("WARNING", logger="edge.filtercache"):
+        assert cache.load() == []
+    assert "cannot be read, so none are used" in caplog.text
+
+    blocked = FilterCache(tmp_path / "a-file" / "kept")
+    (tmp_path / "a-file").write_text("in the way")
+    with caplog.at_level("WARNING", logger="edge.filtercache"):
+        blocked.save(9, [a])  # logged, not raised: the edge goes on filtering
+    assert "could not keep the cloud's filters on disk" in caplog.text
+
+
+def test_an_edge_node_started_during_an_outage_spools_the_matches_of_the_cloud_s_filters(
+    cloud: Cloud, registry: Registry, make_filter, short_clip: Path, base_model: Path, tmp_path: Path
+) -> None:
+    jpeg = Encoding(kind="jpeg")  # one message per frame
+    registry.create(*make_filter("full_frame", "late", SIZE, name="always", bias=10.0, encoding=jpeg))
+    config = EdgeConfig(
+        edge_id=EDGE,
+        base_model=base_model,
+        input_size=SIZE,
+        cameras=[CameraConfig(name="gate", source=str(short_clip), pacing="every-frame")],
+        cloud=cloud.link(),
+        spool=SpoolConfig(path=tmp_path / "spool"),
+        stats_interval=0.2,
+    )
+    EdgeNode(config).run()  # the cloud's filter reaches the edge, which keeps it
+    cloud.stop()
+
+    node = EdgeNode(config)
+    node.run()  # the whole clip while the cloud is down
+    assert set(node.bank.filters) == {"always"} and node.filtersync.restored == 1
+    assert node.uplink.spool.messages >= 40  # every frame matched and waits for the cloud (with the event's start/end)
