@@ -161,20 +161,25 @@ def test_after_a_cloud_restart_the_edge_catches_up(
     edge.close()
 
 
+def node_config(cloud: Cloud, clip: Path, base_model: Path, folder: Path) -> EdgeConfig:
+    """An edge node on the clip (every frame) linked to the cloud."""
+    return EdgeConfig(
+        edge_id=EDGE,
+        base_model=base_model,
+        input_size=SIZE,
+        cameras=[CameraConfig(name="gate", source=str(clip), pacing="every-frame")],
+        cloud=cloud.link(),
+        spool=SpoolConfig(path=folder / "spool"),
+        stats_interval=0.2,
+    )
+
+
 def test_an_edge_node_runs_the_cloud_s_filters_and_sends_its_matches_up(
     cloud: Cloud, registry: Registry, make_filter, short_clip: Path, base_model: Path, tmp_path: Path
 ) -> None:
     jpeg = Encoding(kind="jpeg")  # one message per frame: the seqs below are the 40 frames'
     registry.create(*make_filter("full_frame", "late", SIZE, name="always", bias=10.0, encoding=jpeg))
-    config = EdgeConfig(
-        edge_id=EDGE,
-        base_model=base_model,
-        input_size=SIZE,
-        cameras=[CameraConfig(name="gate", source=str(short_clip), pacing="every-frame")],
-        cloud=cloud.link(),
-        spool=SpoolConfig(path=tmp_path / "spool"),
-        stats_interval=0.2,
-    )
+    config = node_config(cloud, short_clip, base_model, tmp_path)
     node = EdgeNode(config)
     assert node.sink is node.uplink
     node.run()  # to the end of the 40-frame clip; waits for the cloud to take everything
@@ -255,15 +260,7 @@ def test_an_edge_node_started_during_an_outage_spools_the_matches_of_the_cloud_s
 ) -> None:
     jpeg = Encoding(kind="jpeg")  # one message per frame
     registry.create(*make_filter("full_frame", "late", SIZE, name="always", bias=10.0, encoding=jpeg))
-    config = EdgeConfig(
-        edge_id=EDGE,
-        base_model=base_model,
-        input_size=SIZE,
-        cameras=[CameraConfig(name="gate", source=str(short_clip), pacing="every-frame")],
-        cloud=cloud.link(),
-        spool=SpoolConfig(path=tmp_path / "spool"),
-        stats_interval=0.2,
-    )
+    config = node_config(cloud, short_clip, base_model, tmp_path)
     EdgeNode(config).run()  # the cloud's filter reaches the edge, which keeps it
     cloud.stop()
 
