@@ -37,8 +37,8 @@ class ZmqConfig(BaseModel):
     secret_key: ConfigPath | None = Field(None, description="the cloud's CURVE secret key file (filterforward keys)")
     edge_keys: FolderPath | None = Field(None, description="folder of allowed edges' public key files (<edge>.key)")
     insecure: bool = Field(False, description="no CURVE: only for loopback tests and demos")
-    heartbeat: float = Field(1.0, gt=0, description="seconds between heartbeats to each edge")
-    edge_timeout: float = Field(5.0, gt=0, description="an edge silent this long is shown offline")
+    heartbeat: float = Field(1.0, ge=0.05, le=60, description="seconds between heartbeats to each edge")
+    edge_timeout: float = Field(5.0, gt=0, le=86_400, description="an edge silent this long is shown offline")
 
     @model_validator(mode="after")
     def _two_ports(self) -> ZmqConfig:
@@ -59,9 +59,9 @@ class ZmqConfig(BaseModel):
 class RetentionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    max_age_days: float | None = Field(30.0, gt=0, description="delete frames and clips older than this")
+    max_age_days: float | None = Field(30.0, gt=0, le=36_500, description="delete frames and clips older than this")
     max_bytes: int | None = Field(50 * 2**30, gt=0, description="delete the oldest payloads above this total")
-    interval: float = Field(60.0, gt=0, description="seconds between retention sweeps")
+    interval: float = Field(60.0, gt=0, le=86_400, description="seconds between retention sweeps")
 
 
 class TrainingConfig(BaseModel):
@@ -69,7 +69,9 @@ class TrainingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    lease: float = Field(60.0, gt=0, description="seconds a running job stays with a trainer that stops reporting")
+    lease: float = Field(
+        60.0, gt=0, le=86_400, description="seconds a running job stays with a trainer that stops reporting"
+    )
     attempts: int = Field(3, ge=1, le=100, description="claims of a job whose trainers all died before it fails")
 
 

@@ -67,7 +67,7 @@ class CameraSettings(BaseModel):
         "realtime", description="realtime (drops the oldest frames when behind) or every-frame (never drops)"
     )
     fps: float | None = Field(
-        None, gt=0, description="live cameras: cap on processed frames/s; recordings: the rate they play at"
+        None, gt=0, le=1000, description="live cameras: cap on processed frames/s; recordings: the rate they play at"
     )
     resolution: tuple[Dimension, Dimension] | None = Field(
         None, description="decode output (width, height): frames are resized to it; default the camera's own size"
@@ -130,8 +130,10 @@ class CloudLink(BaseModel):
     secret_key: ConfigPath | None = Field(None, description="this edge's .key_secret file (its public half inside)")
     insecure: bool = Field(False, description="no CURVE: only for loopback tests and demos; the cloud must match")
     window: int = Field(64, ge=1, le=10000, description="credit: max unacknowledged messages in flight")
-    heartbeat: float = Field(1.0, gt=0, description="seconds between heartbeats")
-    timeout: float = Field(5.0, gt=0, description="the cloud is shown unreachable after this many silent seconds")
+    heartbeat: float = Field(1.0, ge=0.05, le=60, description="seconds between heartbeats")
+    timeout: float = Field(
+        5.0, gt=0, le=3600, description="the cloud is shown unreachable after this many silent seconds"
+    )
 
     @field_validator("address")
     @classmethod
@@ -163,7 +165,10 @@ class SpoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: FolderPath = Field(
-        Path("spool"), validate_default=True, description="folder of the uplink's message spool (a SQLite file inside)"
+        Path("spool"),
+        validate_default=True,
+        description="the edge's state: the uplink's message spool (a SQLite file), the cloud's filters as last "
+        "received, footage the cloud asked for",
     )
     max_bytes: int = Field(2**30, gt=0, description="over this the spool drops its oldest messages")
 
@@ -195,7 +200,7 @@ class EdgeConfig(BaseModel):
     sink: SinkConfig = Field(default_factory=dict, validate_default=True, description="where matched frames go")
     cloud: CloudLink | None = Field(None, description="send to the cloud instead of the sink folder")
     spool: SpoolConfig = Field(default_factory=dict, validate_default=True, description="the uplink's spool")
-    stats_interval: float = Field(10.0, gt=0, description="seconds between stats log lines")
+    stats_interval: float = Field(10.0, gt=0, le=86_400, description="seconds between stats log lines")
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: a free port)"
     )

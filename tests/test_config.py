@@ -94,6 +94,22 @@ def test_a_wrong_type_points_at_its_line(tmp_path: Path) -> None:
     assert ", line 14: mc_weights: Input should be 'fp32' or 'int8'" in message
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [  # each once accepted, then crashed a thread (a poll timeout overflowed), spun, or failed far from the file
+        ("cloud: {address: c, insecure: true, heartbeat: .inf}", "cloud.heartbeat: Input should be less than"),
+        ("cloud: {address: c, insecure: true, heartbeat: 1e-9}", "cloud.heartbeat: Input should be greater than"),
+        ("cloud: {address: c, insecure: true, timeout: .nan}", "cloud.timeout: Input should be less than or equal"),
+        ("stats_interval: .inf", "stats_interval: Input should be less than or equal to 86400"),
+        ("defaults: {fps: .inf}", "defaults.fps: Input should be less than or equal to 1000"),
+    ],
+)
+def test_numbers_out_of_any_sensible_range_are_refused_at_load(tmp_path: Path, setting: str, message: str) -> None:
+    text = EDGE.replace("defaults:\n  pacing: every-frame\n  fps: 8\n  resolution: [64, 48]\n", "") + setting + "\n"
+    error = edge_error(tmp_path, text)
+    assert f", line 10: {message}" in error and "\n" not in error, error  # the setting's line
+
+
 def test_load_time_checks_say_what_is_wrong(tmp_path: Path) -> None:
     message = edge_error(tmp_path, EDGE.replace("name: yard", "name: gate"))
     assert ", line 6: cameras: camera name 'gate' is used more than once" in message
