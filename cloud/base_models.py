@@ -1,5 +1,6 @@
 """Filters against the base models of the edges they target: an MC's scores mean nothing on another base model's
-features, so an edge's MC bank refuses such a filter, and the registry refuses to store one.
+features, so an edge's MC bank refuses such a filter, and the registry refuses to store one. The bank refuses a
+filter trained at another input size as well; GET /api/edges lists both kinds as the edge's refused filters.
 
 A filter targets an edge when it names one of the edge's cameras, or all cameras ('*'). Only filters that record
 their base model and edges that have reported theirs (on hello) are compared: the others cannot disagree.
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
@@ -37,13 +39,8 @@ def stored_specs(session: Session) -> list[FilterSpec]:
 
 def mismatches(session: Session, specs: Iterable[FilterSpec], edge: str | None = None) -> list[Mismatch]:
     """Each (filter among `specs`, edge it targets) that disagree on the base model; only `edge` when given."""
-    query = select(Edge.id, Edge.base_model).order_by(Edge.id)
-    if edge is not None:
-        query = query.where(Edge.id == edge)
-    models = {edge_id: BaseModelId.model_validate(raw) for edge_id, raw in session.execute(query) if raw}
-    cameras: dict[str, set[str]] = defaultdict(set)
-    for edge_id, name in session.execute(select(Camera.edge_id, Camera.name).where(Camera.edge_id.in_(models))):
-        cameras[edge_id].add(name)
+    reported, cameras = _reported(session, Edge.base_model, edge)
+    models = {edge_id: BaseModelId.model_validate(raw) for edge_id, raw in reported.items()}
     return [
         Mismatch(spec.name, spec.base_model, edge_id, model)
         for spec in specs
@@ -51,6 +48,30 @@ def mismatches(session: Session, specs: Iterable[FilterSpec], edge: str | None =
         for edge_id, model in models.items()
         if model != spec.base_model and targets(spec, cameras[edge_id])
     ]
+
+
+def size_mismatches(session: Session, specs: Iterable[FilterSpec], edge: str | None = None) -> list[tuple[str, str]]:
+    """Each (filter among `specs`, edge it targets) trained at another input size than the edge's base DNN runs
+    at (its MC bank refuses those too; the registry stores them, as edges of a fleet may run different sizes)."""
+    sizes, cameras = _reported(session, Edge.input_size, edge)
+    return [
+        (spec.name, edge_id)
+        for spec in specs
+        for edge_id, size in sizes.items()
+        if tuple(size) != tuple(spec.input_size) and targets(spec, cameras[edge_id])
+    ]
+
+
+def _reported(session: Session, column: Any, edge: str | None) -> tuple[dict[str, Any], dict[str, set[str]]]:
+    """Edge id -> its `column` for the edges that reported it (only `edge` when given), and their cameras."""
+    query = select(Edge.id, column).order_by(Edge.id)
+    if edge is not None:
+        query = query.where(Edge.id == edge)
+    reported = {edge_id: value for edge_id, value in session.execute(query) if value}
+    cameras: dict[str, set[str]] = defaultdict(set)
+    for edge_id, name in session.execute(select(Camera.edge_id, Camera.name).where(Camera.edge_id.in_(reported))):
+        cameras[edge_id].add(name)
+    return reported, cameras
 
 
 def targets(spec: FilterSpec, cameras: set[str]) -> bool:

@@ -60,7 +60,8 @@ class EdgeOut(BaseModel):
     cameras: list[str]
     base_model: BaseModelId | None = Field(description="the base DNN it runs (its last hello); null: not reported")
     refused_filters: list[str] = Field(
-        description="filters that target it but were trained on another base model: its MC bank refuses them"
+        description="filters that target it but were trained on another base model or input size: its MC bank "
+        "refuses them"
     )
 
 

@@ -454,14 +454,21 @@ TRAINED = BaseModelId(name="effnet-lite0", precision="fp32", digest="0123456789a
 INT8 = BaseModelId(name="effnet-lite0", precision="int8", digest="fedcba9876543210")
 
 
-def say_hello(cloud: CloudServer, edge: str, cameras: list[str], base_model: BaseModelId | None) -> None:
+def say_hello(
+    cloud: CloudServer,
+    edge: str,
+    cameras: list[str],
+    base_model: BaseModelId | None,
+    input_size: tuple[int, int] | None = None,
+) -> None:
     """What an edge sends the cloud when it starts, over the real ingest socket; the heartbeat's answer comes
     after the hello is handled."""
     context = zmq.Context()
     try:
         dealer = context.socket(zmq.DEALER)
         dealer.connect(f"tcp://127.0.0.1:{cloud.config.zmq.ingest_port}")
-        dealer.send_multipart(encode(Hello(edge=edge, run="run-1", cameras=cameras, base_model=base_model)))
+        hello = Hello(edge=edge, run="run-1", cameras=cameras, base_model=base_model, input_size=input_size)
+        dealer.send_multipart(encode(hello))
         dealer.send_multipart(encode(Heartbeat(sender=edge)))
         assert dealer.poll(30_000), "the ingest did not answer"
     finally:
@@ -532,3 +539,19 @@ def test_an_edge_on_another_base_model_than_its_filters_is_logged_once_and_liste
         retrained = spec_for("bm-gate", cameras=["bm-gate"], base_model=INT8)
         assert client.put("/api/filters/bm-gate", **upload(retrained, None)).status_code == 200
         assert client.get("/api/edges/edge-gate").json()["refused_filters"] == []
+
+
+def test_an_edge_listed_with_the_filters_trained_at_another_input_size_than_it_runs(
+    cloud: CloudServer, models: dict
+) -> None:
+    """Its MC bank refuses them as it does another base model's; the registry stores them (a fleet's edges may run
+    different sizes), and the edges' view says which edge refuses which."""
+    onnx = models["late"][1]
+    other = (SIZE[0] * 2, SIZE[1] * 2)
+    with cloud.client() as client:
+        assert post_spec(client, "size-gate", ["size-gate"], None, onnx).status_code == 201
+        say_hello(cloud, "edge-small", ["size-gate"], None, SIZE)
+        say_hello(cloud, "edge-large", ["size-gate"], None, other)
+        listed = {edge["id"]: edge["refused_filters"] for edge in client.get("/api/edges").json()}
+        assert (listed["edge-small"], listed["edge-large"]) == ([], ["size-gate"])
+        assert client.get("/api/edges/edge-large").json()["refused_filters"] == ["size-gate"]

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cloud.auth import require
-from cloud.base_models import mismatches, stored_specs
+from cloud.base_models import mismatches, size_mismatches, stored_specs
 from cloud.db import Camera, Edge
 from cloud.metrics import online_cutoff
 from cloud.routers import ConfigDep, LastHeardDep, SessionDep, not_found
@@ -87,8 +87,12 @@ def _camera_names(session: Session, edge_id: str | None = None) -> dict[str, lis
 
 
 def _refused_filters(session: Session, edge_id: str | None = None) -> dict[str, list[str]]:
-    """Edge id -> the filters that target it trained on another base model (cloud.base_models)."""
+    """Edge id -> the filters that target it trained on another base model or input size (cloud.base_models)."""
+    specs = stored_specs(session)
+    pairs = {(m.filter, m.edge) for m in mismatches(session, specs, edge_id)} | set(
+        size_mismatches(session, specs, edge_id)
+    )
     refused: dict[str, list[str]] = {}
-    for mismatch in mismatches(session, stored_specs(session), edge_id):
-        refused.setdefault(mismatch.edge, []).append(mismatch.filter)
+    for name, edge in sorted(pairs):
+        refused.setdefault(edge, []).append(name)
     return refused

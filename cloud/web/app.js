@@ -412,7 +412,7 @@ function edgeRow(edge) {
   );
 }
 
-/** The base DNN an edge runs, and the filters targeting it that it refuses (trained on another base model). */
+/** The base DNN an edge runs, and the filters targeting it that it refuses (another base model or input size). */
 function baseModelCell(edge) {
   const model = edge.base_model;
   const text = model ? `${model.name} ${model.precision}` : "–";
@@ -423,7 +423,7 @@ function baseModelCell(edge) {
     {
       "data-field": "base_model",
       class: "warn",
-      title: `refuses ${refused.join(", ")}: trained on another base model; retrain them on this one`,
+      title: `refuses ${refused.join(", ")}: trained on another base model or input size; retrain them for it`,
     },
     `${text} ⚠ refuses ${refused.length}`,
   );
