@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 CODEC = "libx264"
 PIXEL_FORMAT = "yuv420p"
 DEFAULT_PRESET = "medium"  # x264's own default; a slower box can pass "veryfast"
+CLIP_TIME_BASE = Fraction(1, 90_000)  # MPEG's clock: fine enough for any frame time
 
 
 def encode_jpeg(image_bgr: np.ndarray, quality: int) -> bytes:
@@ -39,26 +40,40 @@ def encode_jpeg(image_bgr: np.ndarray, quality: int) -> bytes:
 
 
 class ClipEncoder:
-    """Encodes one event's frames into an in-memory H.264 MP4: `add()` each frame, then `finish()`."""
+    """Encodes one event's frames into an in-memory H.264 MP4: `add()` each frame, then `finish()`.
+
+    Frames given their stream time play at it (a live camera's real rate, whatever rate it claims: OpenCV says
+    25 fps for any MJPEG-over-HTTP camera); frames without one play at `fps`."""
 
     def __init__(self, width: int, height: int, fps: float, crf: int = 23, preset: str = DEFAULT_PRESET) -> None:
         if width < 1 or height < 1:
             raise FilterForwardError(f"clip size must be positive, got {width}x{height}")
         check_settings(fps, crf=crf, bitrate=None)
         self.width, self.height = width, height
+        self.fps = rate(fps)
         self._buffer = io.BytesIO()
         self._container = av.open(self._buffer, mode="w", format="mp4")
-        self._stream = self._container.add_stream(CODEC, rate=rate(fps))
+        self._stream = self._container.add_stream(CODEC, rate=self.fps)
         _configure(self._stream.codec_context, width, height, fps, crf=crf, bitrate=None, preset=preset)
+        self._stream.codec_context.time_base = CLIP_TIME_BASE
         self._frames = 0
+        self._first_time: float | None = None
+        self._last_pts = -1
         self._finished = False
 
-    def add(self, frame_bgr: np.ndarray) -> None:
-        """Append the next frame; it must be width x height BGR uint8."""
+    def add(self, frame_bgr: np.ndarray, time: float | None = None) -> None:
+        """Append the next frame (width x height BGR uint8), shown at stream time `time` (seconds; default one
+        frame at `fps` after the last)."""
         if self._finished:
             raise RuntimeError("ClipEncoder.add() after finish()")
         _check_image(frame_bgr, channels=(3,), size=(self.width, self.height))
-        self._container.mux(self._stream.encode(video_frame(frame_bgr, self._frames)))
+        if time is None:
+            pts = self._last_pts + round(1 / (self.fps * CLIP_TIME_BASE)) if self._frames else 0
+        else:
+            self._first_time = time if self._first_time is None else self._first_time
+            pts = max(self._last_pts + 1, round((time - self._first_time) / CLIP_TIME_BASE))  # never backwards
+        self._container.mux(self._stream.encode(video_frame(frame_bgr, pts)))
+        self._last_pts = pts
         self._frames += 1
 
     def finish(self) -> bytes:

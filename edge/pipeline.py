@@ -247,7 +247,7 @@ class CameraPipeline:
             if track.spec.encoding.kind == "clip":
                 height, width = frame.image.shape[:2]
                 track.clip = track.clip or ClipEncoder(width, height, self.fps or UNKNOWN_FPS)
-                track.clip.add(frame.image)
+                track.clip.add(frame.image, frame.timestamp)  # at the camera's real rate
         events = sorted({t.event_id for n in matched if (t := self._tracks[n]).event_id is not None})
         # Frames go in the stream once and in order. One already sent travels as metadata only; one a stream
         # filter's back-dated start reaches behind the stream's last frame cannot go in it, so goes as a JPEG.

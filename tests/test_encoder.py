@@ -150,3 +150,22 @@ def test_stream_needs_frames_of_one_size(frames: list[np.ndarray]) -> None:
         encode_stream_h264([], FPS, crf=23)
     with pytest.raises(FilterForwardError, match="192x108"):
         encode_stream_h264([frames[0], frames[1][:100]], FPS, crf=23)
+
+
+def clip_times(data: bytes) -> list[float]:
+    """The presentation time of every frame of an MP4, in seconds."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        return [float(frame.pts * stream.time_base) for frame in container.decode(stream)]
+
+
+def test_a_clip_plays_at_its_frames_times_not_the_rate_the_camera_claims(frames: list[np.ndarray]) -> None:
+    """A 15 fps MJPEG camera that OpenCV reports at 25 fps: the clip of its frames lasts as long as they did."""
+    height, width = frames[0].shape[:2]
+    claimed = ClipEncoder(width, height, 25.0)
+    timed = ClipEncoder(width, height, 25.0)
+    for index, frame in enumerate(frames[:15]):
+        claimed.add(frame)
+        timed.add(frame, 100.0 + index / 15)  # a live camera's stream time
+    assert clip_times(claimed.finish()) == pytest.approx([i / 25 for i in range(15)], abs=1e-4)
+    assert clip_times(timed.finish()) == pytest.approx([i / 15 for i in range(15)], abs=1e-4)
