@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from common.fragment import FragmentError, unpack
 from models.errors import validation_summary
 from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec
+from models.taps import MAX_INPUT_SIDE, MODEL_STRIDE
 
 PROTOCOL = b"ff/1"
 TOPIC = b"filters"
@@ -52,7 +53,7 @@ StreamTime = Annotated[float, Field(ge=0, le=1e10, allow_inf_nan=False, descript
 WallTime = Annotated[float, Field(ge=0, le=253_402_300_799, allow_inf_nan=False, description="unix time")]
 Score = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 Version = Annotated[int, Field(ge=0, le=2**31 - 1)]
-InputSide = Annotated[int, Field(ge=32, le=8192, multiple_of=32)]
+InputSide = Annotated[int, Field(ge=MODEL_STRIDE, le=MAX_INPUT_SIDE, multiple_of=MODEL_STRIDE)]
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 32 * 1024 * 1024  # a clip of a long event; frames are far smaller
 

@@ -25,6 +25,7 @@ from edge.sources import Frame
 from models.basednn import BaseDNN
 from models.bundle import load_bundles
 from models.datasets import LabelledDataset
+from models.datasets.labelled import UNCERTAIN
 from models.errors import FilterForwardError, validation_summary
 from models.evaluation import EventScores, bandwidth_bps, check_tolerance, event_f1, runs
 from models.filterspec import FilterSpec
@@ -117,7 +118,8 @@ def replay(
     at the edge's default settings unless `gate` says otherwise; None: the base DNN on every frame), the MC
     bank's FC weights as an edge with `mc_weights: weights` runs them. A motion veto's background model first sees
     the frames before the range, as a live camera's would have."""
-    specs = load_bundles(bundles)
+    # A replay is no camera of the filters' edges: a filter for named cameras is evaluated all the same.
+    specs = [(spec.model_copy(update={"cameras": ["*"]}), onnx) for spec, onnx in load_bundles(bundles)]
     if not specs:
         raise FilterForwardError("no filters to evaluate: pass at least one filter bundle")
     input_size = specs[0][0].input_size
@@ -157,8 +159,14 @@ def evaluate(
     except ValidationError as exc:
         raise FilterForwardError(f"upload settings: {validation_summary(exc)}") from None
     labels = {spec.name: _label_for(dataset, spec, event) for spec, _ in load_bundles(bundles)}
-    sink = replay(dataset, bundles, frames, base_model, progress, upload, weights=weights)
     start, stop = frames
+    for label in set(labels.values()):
+        if not (dataset.labels[label][start:stop] != UNCERTAIN).any():  # F1 would read 1.000 with nothing scored
+            raise FilterForwardError(
+                f"frames {start}:{stop} hold no frame labelled 0 or 1 for event {label!r} (all uncertain): nothing "
+                "to score; give --frames where the event is labelled"
+            )
+    sink = replay(dataset, bundles, frames, base_model, progress, upload, weights=weights)
     reports = []
     for name, label in labels.items():
         predicted = np.zeros(stop - start, bool)

@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 
 from models.base_export import BASE_MODEL_NAME, default_base_model_path, ensure_base_model, file_digest
-from models.base_identity import PRECISION_KEY, metadata, set_identity
+from models.base_identity import PRECISION_KEY, identify, metadata, set_identity
 from models.basednn import resize
 from models.cache import cache_dir, written_whole
 from models.datasets.frames import probe, read_frames
@@ -76,7 +76,12 @@ def export_precision(
     check_precision(precision)
     out = Path(out) if out else default_precision_path(precision)
     if precision == "fp32":
-        return ensure_base_model(out)  # an existing export is kept: filters record its digest
+        if out.exists():  # an existing export is kept (filters record its digest), anything else refused
+            try:
+                identify(out)
+            except FilterForwardError as exc:
+                raise FilterForwardError(f"{exc}: move it away or export to another --out") from None
+        return ensure_base_model(out)
     images = calibration_frames(calibration, frames, check_size(input_size)) if precision == "int8" else None
     source = ensure_base_model()
     wanted = {SOURCE_KEY: file_digest(source)}

@@ -236,13 +236,16 @@ def parse_region(text: str) -> ROI:
 
 
 def _points(text: str) -> list[tuple[float, ...]]:
-    return [tuple(float(v) for v in pair.split(",")) for pair in re.split(r"[\s;]+", text.strip().strip(";"))]
+    points = [tuple(float(v) for v in pair.split(",")) for pair in re.split(r"[\s;]+", text.strip().strip(";"))]
+    if odd := next((point for point in points if len(point) != 2), None):
+        raise ValueError(f"a point of {len(odd)} numbers, not x,y")
+    return points
 
 
 def _reason(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return exc.errors()[0]["msg"].removeprefix("Value error, ")
-    return "not numbers 'x,y'"
+    return str(exc) if "not x,y" in str(exc) else "not numbers 'x,y'"
 
 
 def _widen(span: slice, by: int, n: int) -> slice:

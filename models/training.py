@@ -132,6 +132,7 @@ def _schedule_fields(schedule: str, values: list[str]) -> dict[str, object]:
 
 
 MAX_ENSEMBLE = 8
+MAX_LR = 1.0  # a step this large already throws an MC's weights far off; larger is a typo
 ENSEMBLE_SEED_STEP = 1000  # member i of an ensemble starts from seed + i * this
 
 
@@ -490,11 +491,14 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
             f"an ensemble has 1 to {MAX_ENSEMBLE} members of a single-frame kind, got {config.ensemble} of "
             f"{config.architecture}: lower --ensemble or use another kind"
         )
-    if config.scales and (not kind.cellwise or not all(0.25 <= scale <= 4.0 for scale in config.scales)):
+    scales = ", ".join(map(str, config.scales))
+    if config.scales and not kind.cellwise:
         raise FilterForwardError(
-            f"training scales {', '.join(map(str, config.scales))} need a {_kinds_that(lambda k: k.cellwise)} MC "
-            f"and factors from 0.25 to 4, not {config.architecture}: drop them or change the kind"
+            f"training scales {scales} need a {_kinds_that(lambda k: k.cellwise)} MC, not {config.architecture}: "
+            "drop them or change the kind"
         )
+    if not all(0.25 <= scale <= 4.0 for scale in config.scales):
+        raise FilterForwardError(f"training scales {scales} are not all factors from 0.25 to 4: give such factors")
     if config.mirror and not kind.cellwise:  # augmented views, like scales, are built for per-cell MCs only
         raise FilterForwardError(
             f"mirrored training frames need a {_kinds_that(lambda k: k.cellwise)} MC, not {config.architecture}: "
@@ -512,6 +516,8 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
         )
     if config.seed < 0:
         raise FilterForwardError(f"the seed must be 0 or more, got {config.seed}")
+    if not 0 < config.lr <= MAX_LR:  # NaN too; torch raised its own error only once the optimizer was made
+        raise FilterForwardError(f"the learning rate must be above 0 and at most {MAX_LR:g}, got {config.lr}")
     check_labels(dataset, config)
 
 

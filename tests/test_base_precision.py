@@ -187,6 +187,15 @@ def test_export_to_a_folder_is_refused_before_calibrating(capsys: pytest.Capture
     assert not any(tmp_path.iterdir())
 
 
+def test_an_fp32_export_onto_a_file_that_is_no_model_is_refused(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """It was kept as "the existing export", and the command printed its path as if it had exported."""
+    (tmp_path / "y.onnx").write_text("junk\n")
+    assert main(["models", "export", "--out", str(tmp_path / "y.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "does not load as an ONNX model" in err and "move it away or export to another --out" in err, err
+    assert (tmp_path / "y.onnx").read_text() == "junk\n"
+
+
 def test_cli_lists_what_the_modules_accept() -> None:
     assert all(precision in models_command.PRECISIONS_HELP for precision in PRECISIONS)
     assert models_command.RUNTIMES == RUNTIMES

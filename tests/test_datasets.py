@@ -247,6 +247,8 @@ def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) ->
     [
         ("frame_index,a\n0,1\n1,2\n", "fps: 10\nevents: [a]\n", r"row 3: event 'a' has value '2'"),
         ("frame_index,a\n0,1\n1.5,0\n", "fps: 10\n", r"row 3: frame_index '1.5' is not a whole number"),
+        ("frame_index,a\n0,1\n" + "9" * 23 + ",0\n", "fps: 10\n", r"row 3: frame_index '9+' is not a whole"),
+        ("frame_index,a\n0,1\n", "fps: .inf\n", r"fps: Input should be less than or equal to 1000"),
         ("frame_index,a\n0,1\n0,0\n", "fps: 10\n", "lists frame 0 twice"),
         ("frame_index,a\n-1,1\n", "fps: 10\n", "negative frame_index"),
         ("frame_index,a\n12,1\n40,0\n", "fps: 10\n", r"labels frames 12 to 40, but the video has 12 \(0 to 11\)"),
@@ -437,7 +439,12 @@ def test_cli_info_on_a_bare_mot_sequence(campus: Path, tmp_path: Path, capsys: p
 
 @pytest.mark.parametrize(
     ("event", "message"),
-    [("left", "lacks '='"), ("left=0,0 1,1", "does not parse"), ("frame_index=" + FULL, "not allowed")],
+    [
+        ("left", "lacks '='"),
+        ("left=0,0 1,1", "does not parse"),
+        ("frame_index=" + FULL, "not allowed"),
+        ("n_persons=" + FULL, "event 'n_persons' has the name of a column labels.csv holds besides the events"),
+    ],
 )
 def test_cli_mot_bad_events(campus: Path, tmp_path: Path, event: str, message: str) -> None:
     with pytest.raises(FilterForwardError, match=message):

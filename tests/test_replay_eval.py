@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from support import with_encoding
 
 from edge.replay import evaluate
 from models.datasets import open_dataset
+from models.errors import FilterForwardError
 from models.training import TrainConfig, train_mc
 
 # Frames 0:212 hold the first half of the only red car's pass (187-238) plus two other cars; the rest is
@@ -50,6 +54,27 @@ def test_the_default_upload_is_the_stream_and_costs_a_fraction_of_the_whole_stre
     # upload_bps is what the filters' encodings send: with encoding jpeg, the matched frames' JPEGs.
     jpeg = evaluate(dataset, [with_encoding(red_filter, "jpeg", tmp_path / "jpeg")], HELD_OUT, progress=False)
     assert jpeg.upload_bps == pytest.approx(jpeg.jpeg_bps) and jpeg.upload_bps > report.upload_bps * 3
+
+
+def test_frames_with_no_certain_label_are_refused_before_the_replay(intel_car: Path, red_filter: Path) -> None:
+    """Event F1 over no scored frame would read 1.000."""
+    dataset = open_dataset(intel_car)
+    unsure = dataclasses.replace(dataset, labels={**dataset.labels, "unsure": np.full(dataset.n_frames, -1, np.int8)})
+    with pytest.raises(FilterForwardError, match="frames 212:377 hold no frame labelled 0 or 1 for event 'unsure'"):
+        evaluate(unsure, [red_filter], HELD_OUT, event="unsure", progress=False)
+
+
+def test_a_filter_for_named_cameras_is_evaluated_all_the_same(
+    intel_car: Path, red_filter: Path, tmp_path: Path
+) -> None:
+    """A replay is no camera of the filter's edges: before, such a filter never ran and scored 0.000."""
+    dataset = open_dataset(intel_car)
+    named = tmp_path / "named"
+    shutil.copytree(red_filter, named)
+    spec = json.loads((named / "spec.json").read_text())
+    (named / "spec.json").write_text(json.dumps({**spec, "cameras": ["lobby"]}))
+    [anywhere, lobby] = [evaluate(dataset, [b], HELD_OUT, progress=False).filters[0] for b in (red_filter, named)]
+    assert lobby.matched_frames == anywhere.matched_frames > 0 and lobby.scores == anywhere.scores
 
 
 def test_eval_command_prints_the_table_and_writes_json(intel_car: Path, red_filter: Path, tmp_path: Path) -> None:

@@ -135,7 +135,9 @@ def test_the_background_drifts_in_brightness(scene: LabelledDataset, pixels: np.
         ({"size": (321, 192)}, "even numbers"),
         ({"size": (32, 32)}, "at least 64"),
         ({"n_frames": 0}, "at least 1"),
-        ({"fps": 0.0}, "positive frame rate"),
+        ({"fps": 0.0}, "fps 0.0 does not work: give a frame rate from 1 to 240"),
+        ({"fps": float("inf")}, "fps inf does not work"),  # an MP4's rate is a fraction: this crashed
+        ({"fps": 1e-9}, "fps 1e-09 does not work"),  # ... and this wrote a 24 fps video
         ({"seed": -1}, "seed -1 does not work: give 0 or more"),
     ],
 )

@@ -253,8 +253,13 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     assert main([*base, "--event", "any_object", "--scales", "0.75,big"]) == 2
     assert "scales '0.75,big' are not comma-separated numbers, e.g. 0.75,1.25" in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--arch", "localized", "--scales", "1.5"]) == 2
-    expected = "training scales 1.5 need a full_frame MC and factors from 0.25 to 4, not localized"
+    expected = "training scales 1.5 need a full_frame MC, not localized: drop them or change the kind"
     assert expected in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--arch", "full_frame", "--scales", "0"]) == 2
+    assert "training scales 0.0 are not all factors from 0.25 to 4" in capsys.readouterr().err
+    for roi, reason in [("0.1,0.2,0.3", "a point of 3 numbers, not x,y"), ("", "not numbers 'x,y'")]:
+        assert main([*base, "--event", "any_object", "--roi", roi]) == 2  # '' was ignored: the dataset's region
+        assert f"region {roi!r} is not valid ({reason})" in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--context", "9"]) == 2
     assert "--context '9' is not a number of cells: give 0 to 4" in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--arch", "localized", "--context", "1"]) == 2
@@ -263,6 +268,14 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     assert main([*base, "--event", "any_object", "--arch", "windowed", "--mirror"]) == 2
     expected = "mirrored training frames need a full_frame MC, not windowed: drop --mirror or change the kind"
     assert expected in capsys.readouterr().err
+    # Each of these failed only after work (the cross-validation, the base DNN), or with a traceback.
+    assert main([*base, "--event", "any_object", "--nproc", "0"]) == 2
+    assert "--nproc must be at least 1, got 0" in capsys.readouterr().err
+    for lr in ("nan", "-1", "0"):
+        assert main([*base, "--event", "any_object", f"--lr={lr}"]) == 2
+        assert f"the learning rate must be above 0 and at most 1, got {float(lr)}" in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--input-size", "100000x100000"]) == 2
+    assert "input size 100000x100000 is not valid: each side must be at most 8192" in capsys.readouterr().err
     # Every --event is checked before the first is trained: a typo in the last one costs no work and writes nothing.
     assert main([*base, "--event", "any_object", "--event", "cars"]) == 2
     assert f"{tiny.name} has no event 'cars'; its events are " in capsys.readouterr().err
@@ -374,7 +387,7 @@ def test_default_training_chooses_the_kind_by_cross_validation(
     assert validation.f1_min <= validation.event_f1 <= validation.f1_max
     assert f"event F1 {validation.event_f1:.3f} (folds {validation.f1_min:.3f}-{validation.f1_max:.3f})" in out
     assert spec.smoothing.threshold == FINAL_THRESHOLD  # the final model's own class boundary, not the fold models'
-    assert "k-of-n chosen on the held-out frames, the threshold the model's own" in out
+    assert "k-of-n chosen on the held-out frames; the threshold is the model's own" in out
     # The synthetic objects move on every frame they are in: the filter needs motion in its region too.
     assert spec.motion is not None and 0 < spec.motion.min_foreground < 0.5
     assert f"motion veto: a frame counts only if {spec.motion.min_foreground:.2%} of the region's pixels" in out
@@ -391,7 +404,7 @@ def test_default_training_on_too_few_frames_to_validate_says_what_to_label(
     assert spec.validation is None
     # Its own training frames would take almost any threshold; the model's own boundary is what ships.
     assert spec.smoothing.threshold == FINAL_THRESHOLD
-    assert "k-of-n chosen on the training frames, the threshold the model's own" in out
+    assert "k-of-n chosen on the training frames; the threshold is the model's own" in out
     assert "warning: no cross-validation: the training frames are too few to hold an occurrence" in out
     assert "warning: only 3 frames are without the event: label at least 20" in out
     assert spec.warnings[0].startswith("no cross-validation") and len(spec.warnings) == 2  # what the cloud shows

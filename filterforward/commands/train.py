@@ -54,8 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--context",
         help=f"cells of the tap around the region that the MC reads but never counts, 0-{MAX_CONTEXT}: a full_frame "
         "MC then counts an object only where its response peaks inside the region, against its neighbours that far "
-        "(the default filter reads 1 at 384x224, 2 at 768x448, more at larger input sizes; an explicit --arch reads "
-        "none unless given)",
+        "(the default filter reads 1 at 384x224, 2 at 768x448, more at larger input sizes, or this if it is more; an "
+        "explicit --arch reads none unless given)",
     )
     parser.add_argument(
         "--input-size", help="base-DNN input WxH, multiples of 32 (default: the frame size, at most 768x448 px)"
@@ -149,8 +149,10 @@ def _optimizers() -> str:
 def _train(args: argparse.Namespace) -> int:
     from filterforward.commands.options import check_writable
     from models.datasets.labelled import open_dataset
+    from models.distributed_training import check_nproc
 
     check_writable(args.out, "--out", folder=True)
+    check_nproc(args.nproc)  # before any work: it was checked only once cross-validation had run
     dataset = open_dataset(args.dataset)
     events = _events(args.event, dataset)
     if len(events) > 1 and args.name:
@@ -208,7 +210,7 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
 
 
 def _region(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> ROI:
-    roi = parse_region(args.roi) if args.roi else dataset.roi(event)
+    roi = parse_region(args.roi) if args.roi is not None else dataset.roi(event)  # '' is refused, not ignored
     if args.context is None:
         return roi
     if not args.context.isdigit() or int(args.context) > MAX_CONTEXT:
@@ -255,7 +257,7 @@ def summary(
     smoothing = spec.smoothing
     chosen = f"chosen on the {'training' if validation is None else 'held-out'} frames"
     if own_threshold:
-        chosen = f"k-of-n {chosen}, the threshold the model's own"
+        chosen = f"k-of-n {chosen}; the threshold is the model's own"
     lines.append(f"threshold {smoothing.threshold:.3g} (k={smoothing.k} of n={smoothing.n}): {chosen}")
     if spec.motion is not None:
         lines.append(

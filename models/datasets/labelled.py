@@ -49,7 +49,7 @@ class DatasetConfig(BaseModel):
     name: str | None = None
     video: str | None = None
     images: str | None = None
-    fps: float | None = Field(None, gt=0, description="frame rate; required for image folders")
+    fps: float | None = Field(None, gt=0, le=1000, description="frame rate; required for image folders")
     events: list[str] | None = Field(None, description="event columns of labels.csv (default: detected)")
     regions: dict[str, Region] = Field(default_factory=dict, description="event name -> its region")
 
@@ -358,7 +358,7 @@ def _frame_indices(path: Path, rows: list[list[str]]) -> np.ndarray:
     for number, row in enumerate(rows, start=2):
         try:
             indices[number - 2] = int(row[0])
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: past int64
             raise FilterForwardError(
                 f"{path} row {number}: {FRAME_INDEX} {row[0]!r} is not a whole number: use 0-based frame numbers"
             ) from None
@@ -401,9 +401,14 @@ def write_labelled(
     `extra_columns` (e.g. counts) are written after the events; they are information, not events.
     """
     out = Path(out_dir).expanduser()
-    check_output(out, [LABELS_FILE, CONFIG_FILE], overwrite)
     events = [check_event_name(name) for name in dataset.events()]
     extra = dict(extra_columns or {})
+    if clash := sorted(set(events) & set(extra)):  # checked before anything is written
+        raise FilterForwardError(
+            f"event {clash[0]!r} has the name of a column labels.csv holds besides the events ({', '.join(extra)}): "
+            "name the event otherwise"
+        )
+    check_output(out, [LABELS_FILE, CONFIG_FILE], overwrite)
     table = np.column_stack([np.arange(dataset.n_frames)] + [dataset.labels[e] for e in events] + list(extra.values()))
     header = ",".join([FRAME_INDEX, *events, *extra])
     np.savetxt(out / LABELS_FILE, table.astype(np.int64), fmt="%d", delimiter=",", header=header, comments="")

@@ -49,6 +49,7 @@ EPISODES: dict[str, tuple[tuple[str, str], ...]] = {
     "red_and_blue": (("red", "region"), ("blue", "away")),
 }
 MIN_SIZE = 64  # pixels, each side
+MIN_FPS, MAX_FPS = 1, 240  # frames per second
 NOISE_SIGMA = 3.0  # grey levels of per-frame sensor noise
 # Tuned so that at 600 frames each event is positive on ~10-30% of frames (any_object ~40%) and recurs 3-7 times.
 GAP = (30, 70)  # empty frames between episodes
@@ -119,8 +120,8 @@ def _check_args(n_frames: int, size: tuple[int, int], fps: float, seed: int) -> 
         raise FilterForwardError(f"size {width}x{height} does not work: use even numbers, each at least {MIN_SIZE}")
     if n_frames < 1:
         raise FilterForwardError(f"{n_frames} frames asked for: give at least 1")
-    if not fps > 0:
-        raise FilterForwardError(f"fps {fps} does not work: give a positive frame rate")
+    if not MIN_FPS <= fps <= MAX_FPS:  # an MP4's rate is a fraction: 1e-9 or inf cannot be one
+        raise FilterForwardError(f"fps {fps} does not work: give a frame rate from {MIN_FPS} to {MAX_FPS}")
     if seed < 0:
         raise FilterForwardError(f"seed {seed} does not work: give 0 or more")
     return width, height
