@@ -383,7 +383,7 @@ def test_polygon_contains_and_bbox() -> None:
         ("a,b c,d e,f", "not numbers"),
         ("0,0 2,0 2,2", "normalised coordinates"),
         ("0,0 0.5,0.5 1,1", "no area"),
-        ("0,0,0 1,0 1,1", "at most 2 items"),
+        ("0,0,0 1,0 1,1", r"a point of 3 numbers, not x,y"),
         ("", "not numbers"),
     ],
 )

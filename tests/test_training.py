@@ -628,6 +628,9 @@ def test_scaled_training_trains_on_every_view_and_exports_the_edge_size(
     spec, onnx_bytes = load_bundle(result.bundle)
     assert spec.input_size == TINY_SIZE
     check_mc_model(spec, onnx_bytes, EFFICIENTNET_LITE0_TAPS["late"].shape(TINY_SIZE))
-    for bad in ({"architecture": "localized", "tap": "mid"}, {"scales": (8.0,)}):
-        with pytest.raises(FilterForwardError, match=r"training scales .* need a full_frame MC and factors from"):
+    for bad, message in [
+        ({"architecture": "localized", "tap": "mid"}, r"training scales .* need a full_frame MC, not localized"),
+        ({"scales": (8.0,)}, "training scales 8.0 are not all factors from 0.25 to 4"),
+    ]:
+        with pytest.raises(FilterForwardError, match=message):
             load_training_data(tiny, dataclasses.replace(config, **bad), base_model, progress=False)
