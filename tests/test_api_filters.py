@@ -552,6 +552,12 @@ def test_an_edge_listed_with_the_filters_trained_at_another_input_size_than_it_r
         assert post_spec(client, "size-gate", ["size-gate"], None, onnx).status_code == 201
         say_hello(cloud, "edge-small", ["size-gate"], None, SIZE)
         say_hello(cloud, "edge-large", ["size-gate"], None, other)
+        # Every filter here is at SIZE: the large edge refuses each that targets it (this test's, and the module's
+        # others for every camera), the small one none.
+        targeting = sorted(
+            f["name"] for f in client.get("/api/filters").json() if {"*", "size-gate"} & set(f["spec"]["cameras"])
+        )
+        assert "size-gate" in targeting
         listed = {edge["id"]: edge["refused_filters"] for edge in client.get("/api/edges").json()}
-        assert (listed["edge-small"], listed["edge-large"]) == ([], ["size-gate"])
-        assert client.get("/api/edges/edge-large").json()["refused_filters"] == ["size-gate"]
+        assert (listed["edge-small"], listed["edge-large"]) == ([], targeting)
+        assert client.get("/api/edges/edge-large").json()["refused_filters"] == targeting

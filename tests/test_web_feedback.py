@@ -176,7 +176,8 @@ def test_feedback_from_the_gallery_a_new_revision_and_a_rollback(
     assert after["frames"] == before["frames"] + 4
     assert after["events"][EVENT]["negative"] == before["events"][EVENT]["negative"] + 4
 
-    # A filter not made in the studio has no dataset: the refusal says what to do.
+    # A filter that does not exist (one registered by hand would have no dataset: tests/test_feedback.py): the
+    # refusal says so.
     page.get_by_text("Mark an interval a filter missed").click()
     form = page.get_by_test_id("missed-form")
     expect(form.get_by_label("On camera").locator("option")).to_have_text([f"{CAMERA} ({EDGE})"])
@@ -185,7 +186,7 @@ def test_feedback_from_the_gallery_a_new_revision_and_a_rollback(
     form.get_by_label("Until").fill(local(wall(410)))
     form.get_by_test_id("missed-submit").click()
     expect(page.get_by_test_id("missed-message")).to_contain_text(
-        "Not added: filter 'by-hand' was not made in the studio"
+        "Not added: no filter named 'by-hand': list the filters with GET /api/filters"
     )
     # The other filter's four frames of the object: FILTER missed them.
     form.get_by_label("Filter that missed it").fill(FILTER)
