@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from cloud.db import as_utc
+from common.protocol import InputSide  # models.taps.check_input_size as a field type
 from models.filterspec import BaseModelId, FilterSpec, Validation
 from models.mc_kinds import AUTO, MC_KINDS
 from models.optimizer_kinds import OPTIMIZERS
-from models.taps import MAX_INPUT_SIDE, MODEL_STRIDE
 
 UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
 
@@ -128,7 +128,6 @@ class Health(BaseModel):
 
 ArchOption = Literal[(AUTO, *MC_KINDS)]  # fixed at import, like FilterSpec's architectures
 OptimizerName = Literal[tuple(OPTIMIZERS)]
-InputSide = Annotated[int, Field(ge=MODEL_STRIDE, le=MAX_INPUT_SIDE, multiple_of=MODEL_STRIDE)]  # taps.check_input_size
 
 
 class TrainingOptions(BaseModel):
