@@ -4,7 +4,7 @@ On bench/tap_rule.py's cases (inside the benchmark's training prefixes, or clips
 frame is read), each candidate of the default filter is cross-validated and trained from two seeds (s, s+1) as
 models/model_selection.py does (feature_variants.train_draw, the tap as is). Per seed pair, three filters:
 
-* `select`: the default filter's rule (models.model_selection.best_draw, here of two draws), the draw with the
+* `select`: the default filter's rule (models.model_selection.best_draws, here of two draws), the draw with the
   better estimate per candidate, then the tap rule;
 * `min`: both draws in the filter, a frame's logit the lower of the two ensembles' (both must fire): what it shipped
   from 2026-12-03 to 2026-12-04 (bench README);

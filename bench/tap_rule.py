@@ -217,7 +217,7 @@ def print_report(outcomes: list[Outcome]) -> None:
 
 
 def print_selection(outcomes: list[Outcome]) -> None:
-    """What the default filter did with two draws (models.model_selection.best_draw; DRAWS is 3 now, measured by
+    """What the default filter did with two draws (models.model_selection.best_draws; DRAWS is 3 now, measured by
     bench/draw_count.py): two ensembles (here seeds s and s+1) per candidate, the one with the better estimate kept,
     then the tap rule; test F1 against each seed alone (consecutive seed pairs of each case and size)."""
     mid, late = (candidate_name(*candidate) for candidate in CANDIDATES)

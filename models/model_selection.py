@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,19 +33,21 @@ from models.datasets.labelled import LabelledDataset
 from models.features import FeatureRequest, cached_features
 from models.filterspec import Validation
 from models.mc_kinds import auto_context
+from models.microclassifiers import MicroClassifier
 from models.roi import ROI
 from models.training import (
     TrainConfig,
     TrainingData,
     TrainResult,
     check_config,
-    cross_validate,
     finish_training,
+    fit_folds,
     fit_mc,
     fold_plan,
     load_training_data,
     torch_threads,
     usable_cores,
+    validate_fits,
 )
 
 log = logging.getLogger(__name__)
@@ -94,10 +97,9 @@ def choose_kind(
     start, stop = config.frames or (0, dataset.n_frames)
     requests = [FeatureRequest(c.tap_name, c.roi) for c in configs]
     cached_features(dataset, requests, config.input_size, (start, stop), model_path, progress=progress)
+    datas = [load_training_data(dataset, candidate, model_path, progress=False) for candidate in configs]
     estimates, best = [], None
-    for candidate in configs:
-        data = load_training_data(dataset, candidate, model_path, progress=False)
-        candidate, validation = best_draw(data, candidate)
+    for data, (candidate, validation) in zip(datas, best_draws(list(zip(datas, configs, strict=True))), strict=True):
         estimate = validation.validation if validation else None
         estimates.append(CandidateEstimate(candidate.architecture, candidate.tap_name, estimate))
         log.info(
@@ -118,28 +120,48 @@ def default_roi(config: TrainConfig) -> ROI:
     return config.roi.with_context(max(config.roi.context, auto_context(tuple(config.input_size))))
 
 
-def best_draw(data: TrainingData, candidate: TrainConfig) -> tuple[TrainConfig, CrossValidation | None]:
-    """Cross-validate DRAWS seeds of a candidate and keep the one with the best held-out event F1 at the operating
-    point the default filter ships with (the first on a tie); None for data that cannot be cross-validated. The
-    draws train side by side, one per core: each is single-threaded torch on its own model, so they score exactly
-    what they would one after another."""
+def best_draws(
+    candidates: list[tuple[TrainingData, TrainConfig]],
+) -> list[tuple[TrainConfig, CrossValidation | None]]:
+    """Cross-validate DRAWS seeds of each candidate and keep, per candidate, the draw with the best held-out event
+    F1 at the operating point the default filter ships with (the first on a tie); None for data that cannot be
+    cross-validated. Every fold of every draw of every candidate queues in one pool, one fit per core: each is
+    single-threaded torch on its own model, so it scores exactly what it would alone, and no core waits while
+    another finishes a candidate's last draw."""
+    threads = max(candidate.threads for _, candidate in candidates)
+    workers = max(1, usable_cores() // threads)
+    with torch_threads(threads), ThreadPoolExecutor(workers, "fit") as pool:
+        try:
+            started = [(data, candidate, _start_draws(data, candidate, pool)) for data, candidate in candidates]
+            return [_keep_best(data, candidate, draws) for data, candidate, draws in started]
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # a failed fit or Ctrl-C: the fits still queued are not wanted
+            raise
+
+
+Draw = tuple[TrainConfig, FoldPlan, Iterator[tuple[MicroClassifier, list[float]]]]
+
+
+def _start_draws(data: TrainingData, candidate: TrainConfig, pool: Executor) -> list[Draw]:
+    """The candidate's draws with their fold fits submitted to `pool`; none for data that cannot be
+    cross-validated."""
     plan = fold_plan(data, candidate)
     if plan is None:
-        return candidate, None
+        return []
     draws = [dataclasses.replace(candidate, seed=candidate.seed + DRAW_SEED_STEP * draw) for draw in range(DRAWS)]
-    workers = max(1, min(DRAWS, usable_cores() // candidate.threads))
-    with torch_threads(candidate.threads), ThreadPoolExecutor(workers, "draw") as pool:
-        validations = list(pool.map(partial(_validate_draw, data, plan), draws))
-    kept = max(range(DRAWS), key=lambda index: validations[index].validation.event_f1)
-    log.info("%s on %s: kept the draw from seed %d", candidate.architecture, candidate.tap_name, draws[kept].seed)
-    return draws[kept], validations[kept]
+    return [(draw, plan, fit_folds(data, plan, partial(fit_mc, draw, progress=False), pool)) for draw in draws]
 
 
-def _validate_draw(data: TrainingData, plan: FoldPlan, draw: TrainConfig) -> CrossValidation:
-    """The draw's cross-validation, its estimate at the operating point the default filter ships with."""
-    validation = cross_validate(data, draw, partial(fit_mc, draw, progress=False), plan, FINAL_THRESHOLD)
-    assert validation is not None  # a plan of two or more folds always validates
-    return validation
+def _keep_best(
+    data: TrainingData, candidate: TrainConfig, draws: list[Draw]
+) -> tuple[TrainConfig, CrossValidation | None]:
+    """The draw whose cross-validation scores best at the default filter's operating point (the first on a tie)."""
+    if not draws:
+        return candidate, None
+    validations = [validate_fits(data, draw, plan, fitted, FINAL_THRESHOLD) for draw, plan, fitted in draws]
+    kept = max(range(len(draws)), key=lambda index: validations[index].validation.event_f1)
+    log.info("%s on %s: kept the draw from seed %d", candidate.architecture, candidate.tap_name, draws[kept][0].seed)
+    return draws[kept][0], validations[kept]
 
 
 def train_default(
@@ -151,8 +173,15 @@ def train_default(
 ) -> tuple[TrainResult, list[CandidateEstimate]]:
     """The default filter: the best candidate kind, trained on every training frame, its bundle written."""
     choice = choose_kind(dataset, config, model_path, progress)
-    model, losses = fit_mc(choice.config, choice.data, progress)
+    model, losses = fit_choice(choice, progress)
     result = finish_training(
         model, choice.data, choice.config, out_dir, model_path, losses, choice.validation, FINAL_THRESHOLD
     )
     return result, choice.candidates
+
+
+def fit_choice(choice: Choice, progress: bool = True) -> tuple[MicroClassifier, list[float]]:
+    """The chosen candidate trained on every training frame, its ensemble's members side by side (one per core)."""
+    config = choice.config
+    with torch_threads(config.threads), ThreadPoolExecutor(max(1, usable_cores() // config.threads), "fit") as pool:
+        return fit_mc(config, choice.data, progress, pool=pool)

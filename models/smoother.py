@@ -1,6 +1,6 @@
 """Per-MC causal k-of-N voting that turns raw per-frame scores into positive frames and events.
 
-The rule, exactly (one implementation, used live by `Smoother` and offline by `smooth_scores`):
+The rule, exactly (used live by `Smoother`; `smooth_scores` computes the same decisions over a whole array):
 
 * A frame *passes* when its raw score >= threshold (NaN never passes).
 * The *vote* at frame t is true when at least k of the last n pushed frames (t included) pass.
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from models.errors import FilterForwardError
+from models.evaluation import runs
 
 log = logging.getLogger(__name__)
 
@@ -177,14 +178,23 @@ def validate_smoothing(threshold: float, k: int, n: int) -> None:
 
 
 def smooth_scores(scores: np.ndarray, threshold: float, k: int, n: int) -> np.ndarray:
-    """Replay `Smoother` over frames 0..len-1 offline (for evaluation/training): the mask of positive frames."""
+    """The positive frames `Smoother` gives over frames 0..len-1 (for evaluation/training), computed from the rule
+    on whole arrays: cross-validation replays thousands of (threshold, k-of-n) points, too many for a push each.
+    Each run of true votes is one event, from the first passing frame of the window that opened it (later than the
+    last event's end) to its last passing frame."""
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 1:
         raise FilterForwardError(f"scores must be a 1-D array, got shape {scores.shape}")
-    smoother = Smoother("offline", "offline", threshold, k, n)
-    positive = np.zeros(scores.shape[0], dtype=bool)
-    for index, score in enumerate(scores.tolist()):
-        decision = smoother.push(index, float(index), score)
-        positive[index] = decision.positive
-        positive[decision.backfill] = True
+    validate_smoothing(threshold, k, n)
+    passes = scores >= threshold  # NaN never passes
+    counts = np.cumsum(passes)
+    in_window = counts - np.concatenate((np.zeros(n, dtype=counts.dtype), counts[:-n]))[: counts.size]
+    passing = np.flatnonzero(passes)
+    positive = np.zeros(scores.size, dtype=bool)
+    last_end = -1
+    for opened, closed in runs(in_window >= k):
+        # The vote rises only on a passing frame, so `opened` passes and so does a frame of every run.
+        first = passing[np.searchsorted(passing, max(opened - n + 1, last_end + 1))]
+        last_end = int(passing[np.searchsorted(passing, closed, side="right") - 1])
+        positive[first : last_end + 1] = True
     return positive

@@ -305,20 +305,24 @@ StepHook = Callable[[int, MicroClassifier], None]  # (step, the model being trai
 
 
 def fit_mc(
-    config: TrainConfig, data: TrainingData, progress: bool = True, on_step: StepHook | None = None
+    config: TrainConfig,
+    data: TrainingData,
+    progress: bool = True,
+    on_step: StepHook | None = None,
+    pool: Executor | None = None,
 ) -> tuple[MicroClassifier, list[float]]:
     """A fresh MC trained on the data's training frames; its loss per step. With `config.ensemble` > 1, that
-    many members share the steps, each from its own seed (the losses follow one another). `on_step(step,
-    model)` runs after every optimizer step (learning curves)."""
+    many members share the steps, each from its own seed (the losses follow one another), fitted side by side in
+    `pool` if given. `on_step(step, model)` runs after every optimizer step (learning curves)."""
     if config.ensemble == 1:
         return _fit_one(config, data, progress, on_step)
-    members, losses = [], []
-    for index in range(config.ensemble):
-        member = replace(config, seed=config.seed + ENSEMBLE_SEED_STEP * index, steps=config.member_steps, ensemble=1)
-        model, member_losses = _fit_one(member, data, progress, on_step)
-        members.append(model)
-        losses += member_losses
-    return Ensemble(members), losses
+    members = [
+        replace(config, seed=config.seed + ENSEMBLE_SEED_STEP * index, steps=config.member_steps, ensemble=1)
+        for index in range(config.ensemble)
+    ]
+    fit = partial(_fit_one, data=data, progress=progress, on_step=on_step)
+    fitted = list((pool.map if pool else map)(fit, members))
+    return Ensemble([model for model, _ in fitted]), [loss for _, losses in fitted for loss in losses]
 
 
 def _fit_one(
@@ -363,9 +367,27 @@ def cross_validate(
     into two folds that each hold both classes. With a `pool` the folds are fitted in it."""
     if plan is None and (plan := fold_plan(data, config)) is None:
         return None
+    return validate_fits(data, config, plan, fit_folds(data, plan, fit, pool), threshold)
+
+
+def fit_folds(
+    data: TrainingData, plan: FoldPlan, fit: Fit, pool: Executor | None = None
+) -> Iterator[tuple[MicroClassifier, list[float]]]:
+    """Each fold's model fitted on the fold's training frames, in order: with a `pool` every fit is submitted at
+    once (so folds of other cross-validations can queue behind them), else each is fitted when it is reached."""
+    return (pool.map if pool else map)(fit, [data.only(fold.train) for fold in plan.folds])
+
+
+def validate_fits(
+    data: TrainingData,
+    config: TrainConfig,
+    plan: FoldPlan,
+    fitted: Iterable[tuple[MicroClassifier, list[float]]],
+    threshold: float | None = None,
+) -> CrossValidation:
+    """The out-of-fold scores of the fold models `fitted` (fit_folds) and the operating point they choose."""
     labels = data.frame_labels()
     scores = np.full(labels.size, np.nan)
-    fitted = (pool.map if pool else map)(fit, [data.only(fold.train) for fold in plan.folds])
     for number, (fold, (model, _)) in enumerate(zip(plan.folds, fitted, strict=True), start=1):
         log.info("cross-validation fold %d of %d: %d held-out frames", number, len(plan.folds), fold.held_out.size)
         check_finite(model, config)

@@ -270,7 +270,7 @@ def test_an_ensemble_takes_its_members_median_logit_and_exports_as_one_graph(
 def test_an_ensemble_is_built_without_drawing_from_the_global_generator() -> None:
     # Parallel draws initialise each fold's model from its seed on torch's global generator while another thread
     # puts its trained members together: that must not draw from it, or the first model's start would depend on
-    # timing (models/model_selection.py best_draw).
+    # timing (models/model_selection.py best_draws).
     members = []
     for seed in (1, 2, 3):
         torch.manual_seed(seed)

@@ -7,6 +7,7 @@ import itertools
 import logging
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from models.evaluation import event_f1
 from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
 from models.mc_kinds import auto_context
 from models.microclassifiers import Ensemble, build_mc
-from models.model_selection import DRAW_SEED_STEP, DRAWS, ENSEMBLE, best_draw
+from models.model_selection import DRAW_SEED_STEP, DRAWS, ENSEMBLE, best_draws
 from models.roi import ROI
 from models.smoother import smooth_scores
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, default_input_size
@@ -413,22 +414,25 @@ def test_default_training_on_too_few_frames_to_validate_says_what_to_label(
 def test_the_default_filter_keeps_the_draw_with_the_best_held_out_estimate(
     clip: LabelledDataset, clip_taps: dict[str, np.ndarray], base_model: Path
 ) -> None:
-    config = TrainConfig(
-        event="any_object", architecture="full_frame", tap="late", input_size=CLIP_SIZE, frames=(0, 240), steps=60
-    )
-    config = dataclasses.replace(config, ensemble=ENSEMBLE, seed=7)
-    data = load_training_data(clip, config, base_model, progress=False)
-    kept, validation = best_draw(data, config)
-    estimates = {}
-    for draw in range(DRAWS):  # each draw cross-validated on its own, as best_draw must have done
-        seeded = dataclasses.replace(config, seed=7 + DRAW_SEED_STEP * draw)
-        fit = partial(fit_mc, seeded, progress=False)
-        estimates[seeded.seed] = cross_validate(data, seeded, fit, threshold=FINAL_THRESHOLD)
-    best_seed = max(estimates, key=lambda seed: estimates[seed].validation.event_f1)  # the first on a tie
-    assert kept == dataclasses.replace(config, seed=best_seed)
-    assert validation is not None and validation.validation == estimates[best_seed].validation
-    assert validation.point == estimates[best_seed].point  # the kept draw's k-of-n goes into the filter ...
-    assert validation.point.threshold == FINAL_THRESHOLD  # ... at the final model's own threshold
+    candidates = []
+    for tap in ("late", "mid"):  # both candidates' folds queue in one pool
+        config = TrainConfig(
+            event="any_object", architecture="full_frame", tap=tap, input_size=CLIP_SIZE, frames=(0, 240), steps=60
+        )
+        config = dataclasses.replace(config, ensemble=ENSEMBLE, seed=7)
+        candidates.append((load_training_data(clip, config, base_model, progress=False), config))
+    for (data, config), (kept, validation) in zip(candidates, best_draws(candidates), strict=True):
+        estimates = {}
+        for draw in range(DRAWS):  # each draw cross-validated on its own, as best_draws must have done
+            seeded = dataclasses.replace(config, seed=7 + DRAW_SEED_STEP * draw)
+            fit = partial(fit_mc, seeded, progress=False)
+            estimates[seeded.seed] = cross_validate(data, seeded, fit, threshold=FINAL_THRESHOLD)
+        best_seed = max(estimates, key=lambda seed: estimates[seed].validation.event_f1)  # the first on a tie
+        assert kept == dataclasses.replace(config, seed=best_seed)
+        assert validation is not None and validation.validation == estimates[best_seed].validation
+        np.testing.assert_array_equal(validation.scores, estimates[best_seed].scores)
+        assert validation.point == estimates[best_seed].point  # the kept draw's k-of-n goes into the filter ...
+        assert validation.point.threshold == FINAL_THRESHOLD  # ... at the final model's own threshold
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this OS")
@@ -452,6 +456,20 @@ def test_fits_side_by_side_train_what_they_would_one_after_another(clip: Labelle
     assert validation is not None and alone is not None
     np.testing.assert_array_equal(validation.scores, alone.scores)
     assert validation.point == alone.point and losses == losses_alone
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, model_alone.state_dict()[name], rtol=0, atol=0)
+
+
+def test_ensemble_members_side_by_side_train_what_they_would_one_after_another(
+    clip: LabelledDataset, base_model: Path
+) -> None:
+    config = TrainConfig(event="any_object", architecture="full_frame", tap="late", input_size=CLIP_SIZE,
+                         frames=(0, 240), steps=60, ensemble=ENSEMBLE)  # fmt: skip
+    data = load_training_data(clip, config, base_model, progress=False)
+    with ThreadPoolExecutor(2) as pool:
+        model, losses = fit_mc(config, data, progress=False, pool=pool)
+    model_alone, losses_alone = fit_mc(config, data, progress=False)
+    assert losses == losses_alone  # member after member, as without the pool
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, model_alone.state_dict()[name], rtol=0, atol=0)
 
@@ -495,7 +513,7 @@ def test_data_that_cannot_be_cross_validated_is_tried_once(
     config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 12), steps=4)
     data = load_training_data(tiny, config, base_model, progress=False)
     with caplog.at_level(logging.WARNING, logger="models.training"):
-        assert best_draw(data, config) == (config, None)
+        assert best_draws([(data, config)]) == [(config, None)]
     assert caplog.text.count("cannot cross-validate any_object") == 1
 
 

@@ -319,8 +319,8 @@ def _train(
     from models.crossval import FINAL_THRESHOLD
     from models.distributed_training import launch
     from models.features import FeatureRequest, cached_features
-    from models.model_selection import CANDIDATES, CandidateEstimate, choose_kind
-    from models.training import finish_training, fit_and_validate, fit_mc, load_training_data
+    from models.model_selection import CANDIDATES, CandidateEstimate, choose_kind, fit_choice
+    from models.training import finish_training, fit_and_validate, load_training_data
 
     # Every frame, not only the labelled ones: the trained filter scores the unlabelled ones (the frames to label next).
     reporter.update("features", 0.0, f"base-DNN features of the {dataset.n_frames} frames")
@@ -342,7 +342,7 @@ def _train(
         reporter.update("exporting", 0.5, "scoring the examples")
     else:
         if arch == AUTO:
-            model, losses = fit_mc(config, data, progress=False)
+            model, losses = fit_choice(choice, progress=False)
         else:
             model, losses, validation = fit_and_validate(data, config, progress=False)
         reporter.update("exporting", 0.0, "exporting to ONNX")
