@@ -269,6 +269,11 @@ def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) ->
         ("frame_index,a\n0,1\n", "fps: 10\nregions: {a: 7}\n", "region of 'a' is 7: give a box"),
         ("frame_index,a\n0,1\n", "fps: 10\nregions: {a: {x0: 2}}\n", r"region of 'a' \(x0\): Input should be less"),
         ("frame_index,a\n0,1\n", "fps: 10\nimages: nowhere\n", "does not exist"),
+        # A forgotten corner would have been the frame's edge, YAML's `true` 1 fps, a reserved name an event.
+        ("frame_index,a\n0,1\n", "fps: 10\nregions: {a: {x0: 0.1, y0: 0.1, x1: 0.5}}\n", "region of 'a' lacks y1"),
+        ("frame_index,a\n0,1\n", "fps: true\n", "invalid at fps: Input should be a valid number"),
+        ("frame_index,a\n0,1\n", "fps: 10\nevents: [camera_frame]\n", "event name 'camera_frame' is not allowed"),
+        ("frame_index,a\n0,1\n", "fps: 10\nevents: [a, a]\n", "event 'a' is listed twice"),
     ],
 )
 def test_bad_dataset_folders_are_reported(tmp_path: Path, labels: str, config: str, message: str) -> None:

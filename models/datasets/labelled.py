@@ -38,6 +38,7 @@ _EVENT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
 Region = ROI | Polygon
+BOX_KEYS = ("x0", "y0", "x1", "y1")
 REGION_FORMS = "give a box {x0: .., y0: .., x1: .., y1: ..} or a polygon [[x, y], [x, y], [x, y], ...] in 0..1"
 
 
@@ -49,9 +50,20 @@ class DatasetConfig(BaseModel):
     name: str | None = None
     video: str | None = None
     images: str | None = None
-    fps: float | None = Field(None, gt=0, le=1000, description="frame rate; required for image folders")
+    # strict: YAML's `true` is no frame rate (lax parsing made it 1 fps)
+    fps: float | None = Field(None, gt=0, le=1000, strict=True, description="frame rate; required for image folders")
     events: list[str] | None = Field(None, description="event columns of labels.csv (default: detected)")
     regions: dict[str, Region] = Field(default_factory=dict, description="event name -> its region")
+
+    @field_validator("events")
+    @classmethod
+    def _event_names(cls, value: list[str] | None) -> list[str] | None:
+        for index, name in enumerate(value or []):
+            if (problem := event_name_problem(name)) is not None:
+                raise ValueError(problem)
+            if name in value[:index]:
+                raise ValueError(f"event {name!r} is listed twice: list each event once")
+        return value
 
     @field_validator("regions", mode="before")
     @classmethod
@@ -72,6 +84,9 @@ class DatasetConfig(BaseModel):
                     regions[event] = kind.model_validate(region, context=info.context)
                 except ValidationError as exc:
                     raise ValueError(_region_error(event, exc)) from None
+                if kind is ROI and "polygon" not in region and (missing := [k for k in BOX_KEYS if k not in region]):
+                    # ROI's defaults are the full frame: a forgotten corner would silently widen the region.
+                    raise ValueError(f"region of {event!r} lacks {', '.join(missing)}: {REGION_FORMS}")
         return regions
 
     @model_validator(mode="after")
@@ -147,12 +162,19 @@ class LabelledDataset:
 
 
 def check_event_name(name: str) -> str:
+    if (problem := event_name_problem(name)) is not None:
+        raise FilterForwardError(problem)
+    return name
+
+
+def event_name_problem(name: str) -> str | None:
+    """What is wrong with an event name, None if nothing."""
     if not _EVENT_NAME.match(name) or name in (FRAME_INDEX, CAMERA_FRAME):
-        raise FilterForwardError(
+        return (
             f"event name {name!r} is not allowed: use letters, digits, '_', '.', '-' (not {FRAME_INDEX!r} or "
             f"{CAMERA_FRAME!r})"
         )
-    return name
+    return None
 
 
 def open_dataset(path: str | Path) -> LabelledDataset:
