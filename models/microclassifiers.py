@@ -197,6 +197,11 @@ class Localized(MicroClassifier):
         return self.head(self.masked(features))
 
 
+def check_window(window: int) -> None:
+    if window < 2:
+        raise FilterForwardError(f"a windowed MC needs a window of at least 2 frames, got {window}: raise --window")
+
+
 class Windowed(MicroClassifier):
     """1x1 reduction per frame, the last W reductions stacked on channels (oldest first), localized head.
 
@@ -215,8 +220,7 @@ class Windowed(MicroClassifier):
         reduced: int = 16,
     ):
         super().__init__()
-        if window < 2:
-            raise FilterForwardError(f"a windowed MC needs a window of at least 2 frames, got {window}")
+        check_window(window)
         self.window = window
         self.reduced = reduced
         self.reduce = nn.Sequential(nn.Conv2d(channels, reduced, 1), nn.ReLU(inplace=True))

@@ -51,7 +51,7 @@ from models.features import FeatureRequest, cached_features, checked_range
 from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec, MotionVeto, Smoothing, Validation
 from models.mc_export import export_mc, verify_export
 from models.mc_kinds import MC_KINDS, MCKind
-from models.microclassifiers import Ensemble, MicroClassifier, build_mc
+from models.microclassifiers import Ensemble, MicroClassifier, build_mc, check_window
 from models.motion import fit_veto, no_veto_reason, region_foreground, still
 from models.optimizer_kinds import OPTIMIZERS
 from models.progress import progress_bar
@@ -505,6 +505,8 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
             f"{_kinds_that(lambda k: k.reads_pixels)} baseline reads {PIXELS!r}, and it reads nothing else"
         )
     make_spec(config, config.smoothing)  # fails fast on a bad name or window, before any work
+    if kind.windowed:
+        check_window(config.window)
     check_curricula(config)
     if not 0.0 <= config.label_smoothing < 0.5:
         raise FilterForwardError(f"label smoothing must be at least 0 and below 0.5, got {config.label_smoothing}")

@@ -245,7 +245,10 @@ def test_cli_trains_and_summarises(
     assert 0 < spec.smoothing.threshold < 1
 
 
-def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_explains_bad_arguments(
+    tiny: LabelledDataset, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FILTERFORWARD_CACHE", str(tmp_path / "cache"))  # no base-DNN features, so it stays away
     base = ["train", str(tiny.root), "--out", str(tmp_path)]
     assert main([*base, "--event", "any_object", "--roi", "0.5,0,0.2,1"]) == 2
     assert "region '0.5,0,0.2,1' is not valid (ROI needs x0 < x1" in capsys.readouterr().err
@@ -275,12 +278,15 @@ def test_cli_explains_bad_arguments(tiny: LabelledDataset, tmp_path: Path, capsy
     for lr in ("nan", "-1", "0"):
         assert main([*base, "--event", "any_object", f"--lr={lr}"]) == 2
         assert f"the learning rate must be above 0 and at most 1, got {float(lr)}" in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--arch", "windowed", "--window", "1"]) == 2
+    assert "a windowed MC needs a window of at least 2 frames, got 1: raise --window" in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--input-size", "100000x100000"]) == 2
     assert "input size 100000x100000 is not valid: each side must be at most 8192" in capsys.readouterr().err
     # Every --event is checked before the first is trained: a typo in the last one costs no work and writes nothing.
     assert main([*base, "--event", "any_object", "--event", "cars"]) == 2
     assert f"{tiny.name} has no event 'cars'; its events are " in capsys.readouterr().err
-    assert not any(tmp_path.iterdir())
+    assert [path.name for path in tmp_path.iterdir()] == ["cache"]
+    assert [path.name for path in (tmp_path / "cache").iterdir()] == ["frame-counts"]  # no features, no base model
     (tmp_path / "a-file").write_text("")
     assert main(["train", str(tiny.root), "--event", "any_object", "--out", str(tmp_path / "a-file")]) == 2
     assert "--out " + str(tmp_path / "a-file") + " is a file, not a folder" in capsys.readouterr().err
