@@ -168,6 +168,12 @@ def test_features_are_cached_per_base_model(
         (["--precision", "int8"], "give --calibration"),
         (["--precision", "int8", "--calibration", "/no/such/clip.mp4"], "/no/such/clip.mp4 does not exist"),
         (["--precision", "int8", "--calibration", "x", "--input-size", "250x160"], "multiples of 32"),
+        # int8's options were ignored by the other precisions: an fp32 export the user took for a calibrated one.
+        (["--calibration", "clip.mp4"], "--precision fp32 takes no --calibration: drop it or export int8"),
+        (
+            ["--precision", "bf16", "--calibration-frames", "8", "--input-size", "384x224"],
+            "--precision bf16 takes no --calibration-frames, --input-size: drop them or export int8",
+        ),
     ],
 )
 def test_bad_export_requests_are_one_line(

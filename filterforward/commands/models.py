@@ -12,6 +12,14 @@ RUNTIMES = ("auto", "onnxruntime", "openvino")
 DEFAULT_FRAMES_HELP = "default 64"
 
 
+DEFAULT_INT8_SIZE = "768x448"
+INT8_OPTIONS = {  # option -> its argparse destination
+    "--calibration": "calibration",
+    "--calibration-frames": "calibration_frames",
+    "--input-size": "input_size",
+}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="export or inspect the base DNN (ONNX with named taps)")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -32,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--calibration-frames", type=int, default=None,
         help=f"int8: frames spread evenly over the sources ({DEFAULT_FRAMES_HELP})",
     )  # fmt: skip
-    export.add_argument("--input-size", default="768x448", help="int8: the edge's input size, WxH (default 768x448)")
+    export.add_argument("--input-size", help=f"int8: the edge's input size, WxH (default {DEFAULT_INT8_SIZE})")
     export.set_defaults(func=_export)
     info = actions.add_parser("info", help="list the taps of a base model and their shapes at an input size")
     info.add_argument(
@@ -50,11 +58,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _export(args: argparse.Namespace) -> int:
     from filterforward.commands.options import check_writable, parse_size
     from models.base_precision import DEFAULT_CALIBRATION_FRAMES, check_precision, export_precision
+    from models.errors import FilterForwardError
 
     if args.out is not None:  # before the calibration's minutes, not after them
         check_writable(args.out, "--out", folder=False)
     precision = check_precision(args.precision)
-    size = parse_size(args.input_size)
+    int8_only = [flag for flag, value in INT8_OPTIONS.items() if getattr(args, value) not in (None, [])]
+    if precision != "int8" and int8_only:  # they were ignored: a "calibrated" fp32 export that is not
+        them = "them" if len(int8_only) > 1 else "it"
+        raise FilterForwardError(f"--precision {precision} takes no {', '.join(int8_only)}: drop {them} or export int8")
+    size = parse_size(args.input_size or DEFAULT_INT8_SIZE)
     frames = DEFAULT_CALIBRATION_FRAMES if args.calibration_frames is None else args.calibration_frames
     print(export_precision(precision, args.out, args.calibration, frames, size))
     return 0
