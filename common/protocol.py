@@ -38,12 +38,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from common.fragment import FragmentError, unpack
 from models.errors import validation_summary
-from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec
+from models.filterspec import ID_PATTERN, NAME_PATTERN, BaseModelId, FilterSpec
 from models.taps import MAX_INPUT_SIDE, MODEL_STRIDE
 
 PROTOCOL = b"ff/1"
 TOPIC = b"filters"
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # edge and camera ids (as in the edge config)
 IdName = Annotated[str, Field(pattern=ID_PATTERN)]
 # Bounds that keep every value storable (64-bit integer columns, datetimes before year 10000) and finite: a
 # header outside them is refused as malformed instead of failing the store and being resent for ever.

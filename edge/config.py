@@ -9,11 +9,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from common.configfile import ConfigPath, FolderPath, read_config, resolve
+from common.protocol import ID_PATTERN
 from edge.stream_encoder import FRAGMENT_SECONDS, KEYFRAME_INTERVAL
 from models.mc_kinds import MCWeights
 from models.taps import check_input_size
 
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 Dimension = Annotated[int, Field(gt=0, le=16384)]
 
 
@@ -92,7 +92,7 @@ class CameraDefaults(CameraSettings):
 class CameraConfig(CameraSettings):
     """A camera; the settings it leaves out come from `defaults`."""
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=ID_PATTERN)
     source: str = Field(min_length=1, description="video file, image folder, dataset folder, rtsp/http URL or device")
 
     @field_validator("source")
@@ -178,7 +178,7 @@ class EdgeConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    edge_id: str = Field("edge-1", pattern=NAME_PATTERN)
+    edge_id: str = Field("edge-1", pattern=ID_PATTERN)
     base_model: ConfigPath | None = Field(
         None,
         description="ONNX base model with named taps (default EfficientNet-Lite0 fp32); `filterforward models export "

@@ -376,7 +376,7 @@ class FootageRecorder:
                 shutil.rmtree(path, ignore_errors=True)
 
     def _folder(self, recording: _Recording) -> Path:
-        return self.folder / recording.name  # NAME_PATTERN: one safe path part
+        return self.folder / recording.name  # ID_PATTERN: one safe path part
 
 
 def _read_frames(folder: Path, count: int | None) -> list[tuple[int, float]]:

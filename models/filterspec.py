@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from models.mc_kinds import MC_KINDS
 from models.roi import FULL_FRAME, ROI
@@ -12,6 +13,8 @@ from models.roi import FULL_FRAME, ROI
 # Fixed when this module loads, so that the JSON schema (and the cloud's OpenAPI) lists exactly the kinds.
 Architecture = Literal[tuple(MC_KINDS)]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # edge and camera ids (the edge config's names)
+EVERY_CAMERA = "*"
 CameraName = Annotated[str, Field(min_length=1, max_length=128)]
 WarningText = Annotated[str, Field(max_length=2000)]
 MAX_MOTION_FRAMES = 64
@@ -99,7 +102,7 @@ class FilterSpec(BaseModel):
 
     name: str = Field(pattern=NAME_PATTERN)
     event: str = Field("", max_length=128, description="label column the MC was trained for (informational)")
-    cameras: list[CameraName] = Field(default_factory=lambda: ["*"], min_length=1, max_length=1024)
+    cameras: list[CameraName] = Field(default_factory=lambda: [EVERY_CAMERA], min_length=1, max_length=1024)
     architecture: Architecture
     tap: str = Field(min_length=1, max_length=64)
     roi: ROI = FULL_FRAME
@@ -117,6 +120,20 @@ class FilterSpec(BaseModel):
     )
     motion: MotionVeto | None = Field(None, description="the motion the region needs for a frame to count; null: none")
 
+    @field_validator("cameras")
+    @classmethod
+    def _cameras_an_edge_can_have(cls, cameras: list[str], info: ValidationInfo) -> list[str]:
+        """Input only (INPUT context): a name no edge's camera can have matched nothing, silently. Specs stored before
+        this check keep loading."""
+        if info.context and info.context.get("input"):
+            for camera in cameras:
+                if camera != EVERY_CAMERA and not re.match(ID_PATTERN, camera):
+                    raise ValueError(
+                        f"camera {camera!r} is no camera name an edge can have (letters, digits, '_', '.', '-', up to "
+                        f"64; '{EVERY_CAMERA}' for every camera): use the name in the edge's config"
+                    )
+        return cameras
+
     @model_validator(mode="after")
     def _one_place_for_warnings(self) -> FilterSpec:
         if self.warnings and self.validation is not None:
@@ -129,4 +146,4 @@ class FilterSpec(BaseModel):
         return self.validation.warnings if self.validation else self.warnings
 
     def applies_to(self, camera: str) -> bool:
-        return "*" in self.cameras or camera in self.cameras
+        return EVERY_CAMERA in self.cameras or camera in self.cameras

@@ -294,6 +294,15 @@ REFUSALS = [
     ("delete of an unknown filter", "delete", "/api/filters/nobody", None, None, 404, "no filter named 'nobody'"),
     ("event label too long", "post", "/api/filters", spec_json(event="e" * 129), "late", 422, "event: String should"),
     ("camera name too long", "post", "/api/filters", spec_json(cameras=["c" * 129]), "late", 422, "cameras.0:"),
+    (  # it ran on no camera, silently: no edge's camera can have that name
+        "camera name no edge can have",
+        "post",
+        "/api/filters",
+        spec_json(cameras=["cam-1", "front/door"]),
+        "late",
+        422,
+        "invalid filter spec: cameras: camera 'front/door' is no camera name an edge can have",
+    ),
     ("version too high", "post", "/api/filters", spec_json(version=2**31), "late", 422, "version: Input should"),
     (
         "polygon that crosses itself",
