@@ -375,6 +375,16 @@ def test_cli_trains_one_mc_per_event_from_one_feature_pass(
     assert [spec.event for spec in specs] == ["blue_present", "any_object"]
     assert main([*argv, "--name", "one-name"]) == 2
     assert "--name names one filter" in capsys.readouterr().err
+    # Bundles already there are replaced only when asked to, every one checked before the first is trained.
+    for name in ("spec.json", "model.onnx"):
+        (tmp_path / "blue_present-full_frame" / name).unlink()
+    written = (tmp_path / "any_object-full_frame" / "model.onnx").stat().st_mtime_ns
+    assert main(argv) == 2
+    expected = f"{tmp_path / 'any_object-full_frame'} already holds a filter bundle (spec.json, model.onnx): give "
+    assert expected + "another --out or replace it (--force)" in capsys.readouterr().err
+    assert not any((tmp_path / "blue_present-full_frame").iterdir())  # the first event was not trained
+    assert main([*argv, "--force"]) == 0
+    assert (tmp_path / "any_object-full_frame" / "model.onnx").stat().st_mtime_ns != written
 
 
 def test_default_training_chooses_the_kind_by_cross_validation(

@@ -112,6 +112,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--out", type=Path, required=True, help="bundle folder to write (with several --event: their parent)"
     )
+    parser.add_argument("--force", action="store_true", help="replace a filter bundle already in --out")
     parser.set_defaults(func=_train)
 
 
@@ -157,10 +158,23 @@ def _train(args: argparse.Namespace) -> int:
     events = _events(args.event, dataset)
     if len(events) > 1 and args.name:
         raise FilterForwardError("--name names one filter: drop it when training several --event at once")
-    for event in events:
-        out = args.out if len(events) == 1 else args.out / f"{event}-{args.arch}"
+    outs = {event: args.out if len(events) == 1 else args.out / f"{event}-{args.arch}" for event in events}
+    if not args.force:  # every one before the first is trained: minutes of work, then a refusal, is worse
+        for out in outs.values():
+            check_no_bundle(out)
+    for event, out in outs.items():
         _train_one(args, dataset, event, out)
     return 0
+
+
+def check_no_bundle(out: Path) -> None:
+    """Refuse to replace a filter bundle unless asked to (--force), as the dataset commands refuse a dataset."""
+    from models.bundle import MODEL_FILE, SPEC_FILE
+
+    if existing := [name for name in (SPEC_FILE, MODEL_FILE) if (out / name).exists()]:
+        raise FilterForwardError(
+            f"{out} already holds a filter bundle ({', '.join(existing)}): give another --out or replace it (--force)"
+        )
 
 
 def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, out: Path) -> None:
