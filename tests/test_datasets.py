@@ -24,7 +24,7 @@ from models.datasets import (
 from models.datasets.frames import probe, read_frames
 from models.datasets.labelled import check_event_name
 from models.errors import FilterForwardError
-from models.roi import ROI
+from models.roi import FULL_FRAME, ROI
 
 LEFT_THIRD = "0,0 0.3328125,0 0.3328125,1 0,1"  # x < 213 px of 640, the SOURCE.md examples
 FULL = "0,0 1,0 1,1 0,1"
@@ -108,6 +108,7 @@ def test_opening_a_clip_writes_nothing_beside_it(stadtmitte: Path, scratch_cache
 def test_mot_full_frame_matches_the_clip_labels(shared_data: Path, clip: str) -> None:
     path = _clip(shared_data, clip)
     ds = mot_dataset(path, {"person_present": Polygon.parse(FULL)})
+    assert ds.regions == {} and ds.roi("person_present") == FULL_FRAME  # not a polygon around the picture
     assert ds.n_frames == open_dataset(path).n_frames
     assert (ds.labels["person_present"] == 1).all()
     assert np.array_equal(ds.labels["person_present"], open_dataset(path).labels["person_present"])

@@ -231,7 +231,8 @@ def _as_dataset(seq: _Sequence, events: Mapping[str, Polygon], edge_frames: int)
         frame_size=seq.frames.frame_size,
         n_frames=seq.frames.n_frames,
         labels=_event_labels(seq, events, edge_frames),
-        regions=dict(events),
+        # A polygon around the whole picture is the full frame: no region (it was shown and written as a polygon).
+        regions={name: polygon for name, polygon in events.items() if polygon != FULL_FRAME_POLYGON},
     )
 
 
