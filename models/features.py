@@ -22,6 +22,7 @@ import numpy as np
 
 from models.base_export import base_model_file, file_digest
 from models.cache import cache_dir, written_whole
+from models.datasets.frames import images_digest
 from models.datasets.labelled import LabelledDataset
 from models.errors import FilterForwardError
 from models.progress import progress_bar
@@ -103,6 +104,8 @@ def cache_key(dataset: LabelledDataset, request: FeatureRequest, input_size: tup
         "tap": request.tap,
         "roi": [request.roi.x0, request.roi.y0, request.roi.x1, request.roi.y1],
     }
+    if dataset.source.is_dir():  # a folder's own mtime moves only when files come or go, not when one is rewritten
+        identity["images"] = images_digest(dataset.source)
     if request.roi.context:  # a wider crop (earlier keys stay valid)
         identity["context"] = request.roi.context
     if request.mirrored:

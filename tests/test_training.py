@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -24,7 +25,7 @@ from models.bundle import check_mc_model, load_bundle
 from models.cache import cache_dir
 from models.coverage import one_place_warning
 from models.crossval import FINAL_THRESHOLD
-from models.datasets.labelled import LabelledDataset
+from models.datasets.labelled import LabelledDataset, open_dataset
 from models.datasets.synth import write_synthetic
 from models.errors import FilterForwardError
 from models.evaluation import event_f1
@@ -141,6 +142,31 @@ def test_changed_video_is_not_served_stale_features(
     with caplog.at_level(logging.INFO, logger="models.features"):
         cached_features(dataset, [request], TINY_SIZE, None, base_model, progress=False)
     assert "of 6 frames" in caplog.text
+
+
+def test_an_image_rewritten_in_place_is_not_served_stale_features(
+    tmp_path: Path, base_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Copying new frames over old ones (ffmpeg -y images/%06d.png) leaves the folder's own mtime alone."""
+    video = write_synthetic(tmp_path / "video", n_frames=4, size=TINY_SIZE, seed=5)
+    root = tmp_path / "images"
+    (root / "frames").mkdir(parents=True)
+    for index, image in video.frames():
+        cv2.imwrite(str(root / "frames" / f"{index:06d}.png"), image)
+    (root / "frames" / "._000000.png").write_bytes(b"\0\5\26\7")  # macOS's metadata beside a copied image
+    (root / "labels.csv").write_text("frame_index,a\n0,1\n1,0\n2,1\n3,0\n")
+    (root / "dataset.yaml").write_text("fps: 10\n")
+    dataset = open_dataset(root)
+    assert dataset.n_frames == 4  # the hidden file is no frame
+    request = FeatureRequest("early")
+    before = cached_features(dataset, [request], TINY_SIZE, None, base_model, progress=False)[request].copy()
+    folder_mtime = root.joinpath("frames").stat().st_mtime_ns
+    cv2.imwrite(str(root / "frames" / "000002.png"), np.zeros_like(next(video.frames(2, 3))[1]))
+    assert root.joinpath("frames").stat().st_mtime_ns == folder_mtime
+    with caplog.at_level(logging.INFO, logger="models.features"):
+        after = cached_features(dataset, [request], TINY_SIZE, None, base_model, progress=False)[request]
+    assert "of 4 frames" in caplog.text
+    assert not np.array_equal(before[2], after[2]) and np.array_equal(before[1], after[1])
 
 
 def test_training_data_leaves_out_uncertain_frames(tiny: LabelledDataset, base_model: Path) -> None:

@@ -39,8 +39,22 @@ def is_video(path: Path) -> bool:
 
 
 def image_files(folder: Path) -> list[Path]:
-    """The images in a folder in frame order: by name, digit runs compared as numbers (2.png before 10.png)."""
-    return sorted((p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES), key=_natural_key)
+    """The images in a folder in frame order: by name, digit runs compared as numbers (2.png before 10.png). Hidden
+    files (macOS's ._000001.png beside each image copied from its disks) are no frames."""
+    return sorted(
+        (p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and p.name[0] != "."),
+        key=_natural_key,
+    )
+
+
+def images_digest(folder: Path) -> str:
+    """A digest of an image folder's frames as files (names, sizes, modification times): changes when any image is
+    added, removed, renamed or rewritten."""
+    digest = hashlib.sha256()
+    for path in image_files(folder):
+        stat = path.stat()
+        digest.update(f"{path.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:20]
 
 
 def _natural_key(path: Path) -> list[int | str]:
