@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, get_args
@@ -29,9 +29,8 @@ from urllib.parse import urlsplit, urlunsplit
 import cv2
 import numpy as np
 
-from models.datasets import open_dataset
 from models.datasets.frames import IMAGE_SUFFIXES, image_files, is_video
-from models.datasets.labelled import LABELS_FILE
+from models.datasets.labelled import LABELS_FILE, frame_source
 from models.errors import FilterForwardError
 
 log = logging.getLogger(__name__)
@@ -76,6 +75,7 @@ class _Target:
     location: str | int  # path or URL for OpenCV, or a device index
     label: str  # for logs and errors: credentials redacted
     images: tuple[Path, ...] = ()
+    fps: float | None = None  # the recording's rate as its dataset.yaml sets it, above the container's
 
 
 def _resolve(url: str) -> _Target:
@@ -131,12 +131,15 @@ def _path_target(path: Path) -> _Target:
 
 
 def _folder_target(folder: Path) -> _Target:
-    """A recorded dataset plays its frames; otherwise a folder's one video, or its images in natural order."""
+    """A recorded dataset plays its frames at its rate; otherwise a folder's one video, or its images."""
     if (folder / LABELS_FILE).is_file():
-        source = open_dataset(folder).source
-        if source.is_file():
-            return _path_target(source)
-        folder = source
+        source, fps = frame_source(folder)
+        return replace(_path_target(source) if source.is_file() else _media_target(source), fps=fps)
+    return _media_target(folder)
+
+
+def _media_target(folder: Path) -> _Target:
+    """A folder's one video, or its images in natural order."""
     videos = sorted(entry for entry in folder.iterdir() if is_video(entry))
     images = image_files(folder)
     if len(videos) == 1 and not images:
@@ -574,7 +577,7 @@ class VideoSource:
         with self._lock:
             self._frame_size = reader.frame_size
             recorded_default = None if self.is_live else DEFAULT_FPS
-            self._fps = self._fps_option or reader.fps or recorded_default
+            self._fps = self._fps_option or self._target.fps or reader.fps or recorded_default
             self._online = True
             self._connections += 1
             self._outage_reported = False

@@ -87,26 +87,28 @@ def test_dataset_folder_plays_its_video(clip: Path, intel_car: Path) -> None:
 
 def test_dataset_folder_plays_the_video_its_yaml_names(clip: Path, tmp_path: Path) -> None:
     (tmp_path / "labels.csv").write_text("frame_index,car\n0,1\n")
-    (tmp_path / "dataset.yaml").write_text(f"video: {CLIP}\n")
+    (tmp_path / "dataset.yaml").write_text(f"video: {CLIP}\nfps: 15\n")
     (tmp_path / CLIP).symlink_to(clip)
     cv2.imwrite(str(tmp_path / "thumbnail.png"), folder_image(0))
     with VideoSource(str(tmp_path)) as source:
         assert source.frame_size == (768, 432)
+        assert source.fps == 15  # the rate dataset.yaml gives, as training and eval take it (the container: 12.5)
 
 
 @pytest.mark.parametrize("labelled", [False, True], ids=["image-folder", "image-dataset"])
 def test_image_folder_plays_in_natural_order_and_ends(image_folder: Callable[[int], Path], labelled: bool) -> None:
     folder = image_folder(12)
-    if labelled:
-        (folder / "labels.csv").write_text("frame_index,event\n")
-        (folder / "dataset.yaml").write_text(f"fps: {DEFAULT_FPS}\n")
+    rate = 5.0 if labelled else DEFAULT_FPS  # a dataset plays at the rate its dataset.yaml sets (it played at 25)
+    if labelled:  # labels the edge has no use for, in a state training would refuse, do not stop it playing
+        (folder / "labels.csv").write_text("frame_index,event\n0,yes\n")
+        (folder / "dataset.yaml").write_text(f"fps: {rate}\n")
     with VideoSource(str(folder)) as source:
         frames = list(source)
         assert source.ended
-        assert source.fps == DEFAULT_FPS
+        assert source.fps == rate
         assert source.frame_size == (32, 24)
     assert [frame.index for frame in frames] == list(range(12))
-    assert [frame.timestamp for frame in frames] == pytest.approx([index / DEFAULT_FPS for index in range(12)])
+    assert [frame.timestamp for frame in frames] == pytest.approx([index / rate for index in range(12)])
     for frame in frames:
         assert np.array_equal(frame.image, folder_image(frame.index))
 

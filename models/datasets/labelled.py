@@ -229,6 +229,13 @@ def _read_config(root: Path) -> DatasetConfig:
         ) from None
 
 
+def frame_source(root: Path) -> tuple[Path, float | None]:
+    """A dataset folder's frames (its video file or image folder) and the frame rate its dataset.yaml sets, if any,
+    without reading its labels: what plays it as a camera needs, whatever state the labels are in."""
+    config = _read_config(root)
+    return _find_source(root, config), config.fps
+
+
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
 
