@@ -88,7 +88,9 @@ class BaseDNN:
         with self._lock:
             if wanted not in self._opening:
                 self._opening.add(wanted)
-                threading.Thread(target=self._open_pruned, args=(wanted,), name="base-dnn-prune", daemon=True).start()
+                # Not a daemon: the interpreter waits for it at exit (a fraction of a second) instead of finalizing
+                # while ONNX Runtime builds the session (a short `eval` then aborted with exit status 134).
+                threading.Thread(target=self._open_pruned, args=(wanted,), name="base-dnn-prune").start()
         return self.runner
 
     def _open_pruned(self, wanted: frozenset[str]) -> None:
