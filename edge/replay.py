@@ -27,7 +27,7 @@ from models.bundle import load_bundles
 from models.datasets import LabelledDataset
 from models.datasets.labelled import UNCERTAIN
 from models.errors import FilterForwardError, validation_summary
-from models.evaluation import EventScores, bandwidth_bps, check_tolerance, event_f1, runs
+from models.evaluation import EventScores, bandwidth_bps, check_tolerance, event_f1, runs, scored_frames
 from models.filterspec import FilterSpec
 from models.mc_kinds import MCWeights
 from models.motion import HISTORY
@@ -165,6 +165,11 @@ def evaluate(
             raise FilterForwardError(
                 f"frames {start}:{stop} hold no frame labelled 0 or 1 for event {label!r} (all uncertain): nothing "
                 "to score; give --frames where the event is labelled"
+            )
+        if not scored_frames(dataset.labels[label][start:stop], tolerance):  # precision would read 1.000 likewise
+            raise FilterForwardError(
+                f"a boundary tolerance of {tolerance} frames leaves no frame of {start}:{stop} scored for event "
+                f"{label!r} (every labelled frame is that close to where the event starts or ends): lower --tolerance"
             )
     sink = replay(dataset, bundles, frames, base_model, progress, upload, weights=weights)
     reports = []

@@ -119,6 +119,13 @@ def check_tolerance(tolerance: int) -> None:
         raise FilterForwardError(f"boundary tolerance must be >= 0 frames, got {tolerance}")
 
 
+def scored_frames(labels: np.ndarray, tolerance: int) -> int:
+    """How many frames event_f1 scores frame by frame: the certain ones farther than `tolerance` from a transition."""
+    certain = np.flatnonzero(np.asarray(labels) != -1)
+    truth = np.asarray(labels)[certain] == 1
+    return int(np.count_nonzero(~_near_transitions(truth, certain, tolerance)[certain]))
+
+
 def _near_transitions(truth: np.ndarray, certain: np.ndarray, tolerance: int) -> np.ndarray:
     """Mask over original frames: within `tolerance` frames of a 0<->1 transition between certain frames."""
     length = int(certain[-1]) + 1 if certain.size else 0

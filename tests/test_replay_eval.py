@@ -16,6 +16,7 @@ from support import with_encoding
 from edge.replay import evaluate
 from models.datasets import open_dataset
 from models.errors import FilterForwardError
+from models.evaluation import scored_frames
 from models.training import TrainConfig, train_mc
 
 # Frames 0:212 hold the first half of the only red car's pass (187-238) plus two other cars; the rest is
@@ -62,6 +63,14 @@ def test_frames_with_no_certain_label_are_refused_before_the_replay(intel_car: P
     unsure = dataclasses.replace(dataset, labels={**dataset.labels, "unsure": np.full(dataset.n_frames, -1, np.int8)})
     with pytest.raises(FilterForwardError, match="frames 212:377 hold no frame labelled 0 or 1 for event 'unsure'"):
         evaluate(unsure, [red_filter], HELD_OUT, event="unsure", progress=False)
+    # Likewise a tolerance that puts every labelled frame next to where the event starts or ends (precision read
+    # 1.000 with nothing scored: a perfect score for a filter that fires everywhere).
+    edges = np.full(dataset.n_frames, 0, np.int8)
+    edges[HELD_OUT[0] + 30 :] = 1  # one transition: every held-out frame within 200 frames of it
+    near = dataclasses.replace(dataset, labels={**dataset.labels, "near": edges})
+    with pytest.raises(FilterForwardError, match="tolerance of 200 frames leaves no frame of 212:377 scored"):
+        evaluate(near, [red_filter], HELD_OUT, event="near", tolerance=200, progress=False)
+    assert scored_frames(edges[slice(*HELD_OUT)], 29) == HELD_OUT[1] - HELD_OUT[0] - 2 * 29
 
 
 def test_a_filter_for_named_cameras_is_evaluated_all_the_same(
