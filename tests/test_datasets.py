@@ -188,6 +188,10 @@ def test_mot_classes_flags_and_image_folder(tmp_path: Path) -> None:
     assert ds.source == root / "img1" and ds.fps == 30 and ds.frame_size == (100, 80)
     assert ds.labels["left"].tolist() == [1, -1, 0, -1, 1]
     assert mot_dataset(root).labels["person_present"].tolist() == [1, -1, 0, 1, 1]
+    # The same boxes with two columns more: not read as MOT15's layout (every box a pedestrian, the car counted).
+    (root / "gt" / "gt.txt").write_text("\n".join(row + ",0,0" for row in rows) + "\n")
+    with pytest.raises(FilterForwardError, match=r"gt.txt has 11 columns: MOT ground truth has 9 \(MOT16/17/20"):
+        mot_dataset(root)
 
 
 # --- the format -----------------------------------------------------------------------------------

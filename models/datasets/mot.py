@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 FULL_FRAME_POLYGON = Polygon(((0.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 1.0)))
 DEFAULT_EVENTS: Mapping[str, Polygon] = {"person_present": FULL_FRAME_POLYGON}
 PEDESTRIAN = 1
+GT_LAYOUTS = {  # columns of gt.txt -> what they are
+    9: "MOT16/17/20: frame,id,x,y,w,h,flag,class,visibility",
+    10: "MOT15: frame,id,x,y,w,h,flag,world x,y,z",
+}
 NO_CLASS = -1  # MOT15 files, and some converted ones: every box is a pedestrian
 # Person on vehicle, static person, distractor, reflection: MOT's evaluation ignores matches to these.
 DISTRACTOR_CLASSES = (2, 7, 8, 12)
@@ -89,7 +93,7 @@ def read_seqinfo(root: Path) -> SeqInfo:
 
 
 def read_gt(path: Path) -> np.ndarray:
-    """gt.txt as a float array with one row per box (at least 7 columns)."""
+    """gt.txt as a float array with one row per box, in one of the GT_LAYOUTS."""
     if not path.is_file():
         raise FilterForwardError(f"{path} is missing: a MOTChallenge sequence needs gt/gt.txt for labels")
     text = path.read_text()
@@ -101,8 +105,9 @@ def read_gt(path: Path) -> np.ndarray:
         raise FilterForwardError(
             f"{path} is not a MOT ground-truth file ({exc!s}): expect comma-separated numbers"
         ) from None
-    if rows.shape[1] < 7:
-        raise FilterForwardError(f"{path} has {rows.shape[1]} columns: MOT gt needs frame,id,x,y,w,h,flag,...")
+    if rows.shape[1] not in GT_LAYOUTS:  # another layout's class column would be read as something else, silently
+        layouts = "; ".join(f"{columns} ({names})" for columns, names in GT_LAYOUTS.items())
+        raise FilterForwardError(f"{path} has {rows.shape[1]} columns: MOT ground truth has {layouts}")
     return rows
 
 
