@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from cloud.config import CloudConfig
 from cloud.db import Camera, Counter, Edge, Event, Filter, StoredFrame, utcnow
 from cloud.liveness import LastHeard
+from cloud.retention import stored_bytes
 from cloud.schemas import StatsOut
 
 PREFIX = "filterforward"
@@ -33,8 +34,6 @@ def service_stats(session: Session, config: CloudConfig, last_heard: LastHeard) 
         return session.scalar(select(func.count()).select_from(model).where(*where)) or 0
 
     cutoff = online_cutoff(config)
-    frame_bytes = session.scalar(select(func.coalesce(func.sum(StoredFrame.size), 0))) or 0
-    clip_bytes = session.scalar(select(func.coalesce(func.sum(Event.clip_size), 0))) or 0
     return StatsOut(
         filters=count(Filter),
         edges=count(Edge),
@@ -42,7 +41,7 @@ def service_stats(session: Session, config: CloudConfig, last_heard: LastHeard) 
         cameras=count(Camera),
         events=count(Event),
         frames=count(StoredFrame),
-        stored_bytes=int(frame_bytes) + int(clip_bytes),
+        stored_bytes=stored_bytes(session),  # fragments too: the default `stream` encoding stores nothing else
         counters={name: value for name, value in session.execute(select(Counter.name, Counter.value))},
     )
 

@@ -61,7 +61,7 @@ def sweep(
         ):
             _delete(sessions, store, batch, tally)
     if max_bytes is not None:
-        while (excess := _stored_bytes(sessions) - max_bytes) > 0 and (batch := _covering(_oldest(sessions), excess)):
+        while (excess := _stored(sessions) - max_bytes) > 0 and (batch := _covering(_oldest(sessions), excess)):
             _delete(sessions, store, batch, tally)
     with sessions.begin() as session:
         session.execute(delete(Received).where(Received.received_at < utcnow() - RECEIVED_KEEP))
@@ -130,11 +130,16 @@ def _covering(payloads: list[_Payload], excess: int) -> list[_Payload]:
     return chosen
 
 
-def _stored_bytes(sessions: sessionmaker) -> int:
+def _stored(sessions: sessionmaker) -> int:
     with sessions() as session:
-        frames = session.scalar(select(func.coalesce(func.sum(StoredFrame.size), 0)))
-        clips = session.scalar(select(func.coalesce(func.sum(Event.clip_size), 0)).where(Event.clip_path.is_not(None)))
-        fragments = session.scalar(select(func.coalesce(func.sum(Fragment.size), 0)))
+        return stored_bytes(session)
+
+
+def stored_bytes(session: Session) -> int:
+    """Bytes of stored payloads: JPEG frames, event clips and stream fragments (what max_bytes bounds)."""
+    frames = session.scalar(select(func.coalesce(func.sum(StoredFrame.size), 0)))
+    clips = session.scalar(select(func.coalesce(func.sum(Event.clip_size), 0)).where(Event.clip_path.is_not(None)))
+    fragments = session.scalar(select(func.coalesce(func.sum(Fragment.size), 0)))
     return int(frames) + int(clips) + int(fragments)
 
 

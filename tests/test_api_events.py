@@ -24,8 +24,11 @@ from sqlalchemy import update
 from cloud.clips import encode_clip
 from cloud.db import Edge, StoredFrame, make_engine, session_factory
 from cloud.framestore import FrameStore
-from cloud.storage import Storage
-from common.protocol import EventHeader, EventInfo, FrameHeader, Hello, Stats
+from cloud.storage import Message, Storage
+from common.fragment import Fragment as StreamFragment
+from common.fragment import FragmentHeader as StreamHeader
+from common.fragment import FrameEntry, pack
+from common.protocol import EventHeader, EventInfo, FragmentHeader, FrameHeader, Hello, Stats
 
 EDGE, RUN = "edge-1", "run-1"
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC).timestamp()
@@ -95,6 +98,15 @@ class Feed:
             self.storage.store_event(EDGE, header, clip)
             self.stored_bytes += len(clip)
 
+    def fragment(self, camera: str, *frames: int) -> None:
+        """A stream fragment (the default `stream` encoding's payload) holding these frames' pictures."""
+        entries = [FrameEntry(index=index, time=index / 10, keyframe=n == 0, size=3) for n, index in enumerate(frames)]
+        header = StreamHeader(gop=0, width=64, height=48, fps="10/1", frames=entries)
+        payload = pack(StreamFragment(header, (b"h26",) * len(entries)))
+        message = FragmentHeader(edge=EDGE, run=RUN, seq=self.next_seq(), camera=camera, wall_time=T0)
+        self.storage.store_many([Message(EDGE, message, payload)])
+        self.stored_bytes += len(payload)
+
     def _event_header(self, phase: str, wall: float, info: EventInfo, payload: str = "none") -> EventHeader:
         return EventHeader(
             edge=EDGE, run=RUN, seq=self.next_seq(), phase=phase, wall_time=wall, event=info, payload=payload
@@ -143,6 +155,7 @@ def populate(server: CloudServer) -> Scene:
     feed.event("e6", "cam-b", "blue", T0 + 240, frames=1, payload="none", clip=clip)
     feed.event("e7", "cam-a", "red", T0 + 300, frames=4)
     feed.event("e8", "cam-a", "red", T0 + 360, frames=1, end=False)  # still open
+    feed.fragment("cam-b", 700, 701)  # stored bytes the stats count (they read 0 with only fragments stored)
     engine.dispose()
     return Scene(server, feed, clip)
 
