@@ -16,10 +16,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "run",
         help="filter the configured cameras; matched frames and events go to the cloud or the sink folder",
         description="Runs the base DNN once per frame on every configured camera, every loaded filter on its "
-        "taps, and sends matched frames (by default one H.264 stream per camera in ~1 s fragments; JPEGs or event "
-        "clips where a filter asks) and events to the cloud when `cloud:` is configured "
-        "(spooled on disk until acknowledged; the cloud's filters are applied as they change), else writes them "
-        "with events.jsonl to the sink folder. Logs a stats line per camera every stats_interval seconds and "
+        "taps, and sends matched frames (by default one H.264 stream per camera in short fragments, "
+        "upload.fragment_seconds; JPEGs or event clips where a filter asks) and events to the cloud when `cloud:` is "
+        "configured (spooled on disk until acknowledged; the cloud's filters are applied as they change), else writes "
+        "them with events.jsonl to the sink folder. Logs a stats line per camera every stats_interval seconds and "
         "serves Prometheus metrics on metrics_port when set. Stops at the end of file sources or on "
         "Ctrl-C/SIGTERM: open events are closed and the cloud gets up to min(10 s, cloud.timeout) to "
         "acknowledge what is spooled (a second signal stops at once); the rest is sent first on the next start.",
