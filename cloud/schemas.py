@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from cloud.db import as_utc
 from common.protocol import InputSide  # models.taps.check_input_size as a field type
@@ -14,6 +14,15 @@ from models.mc_kinds import AUTO, MC_KINDS
 from models.optimizer_kinds import OPTIMIZERS
 
 UtcDatetime = Annotated[datetime, AfterValidator(as_utc)]
+
+
+def _no_bool(value: object) -> object:
+    if isinstance(value, bool):  # lax parsing read `"frame": true` as frame 1, `"steps": true` as one step
+        raise ValueError("Input should be a number, not true or false")
+    return value
+
+
+Number = BeforeValidator(_no_bool)  # on each number of a request body: JSON's true/false is none
 
 
 class ErrorOut(BaseModel):
@@ -136,9 +145,11 @@ class TrainingOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     arch: ArchOption | None = Field(None, description="MC kind; auto: cross-validation chooses")
-    input_size: tuple[InputSide, InputSide] | None = Field(None, description="base-DNN input [width, height]")
-    steps: int | None = Field(None, ge=1, le=100_000, description="optimizer steps")
-    nproc: int | None = Field(None, ge=1, le=64, description="training processes (torchrun)")
+    input_size: tuple[Annotated[InputSide, Number], Annotated[InputSide, Number]] | None = Field(
+        None, description="base-DNN input [width, height]"
+    )
+    steps: Annotated[int, Number] | None = Field(None, ge=1, le=100_000, description="optimizer steps")
+    nproc: Annotated[int, Number] | None = Field(None, ge=1, le=64, description="training processes (torchrun)")
     optimizer: OptimizerName | None = Field(None, description="adam, or a communication-compressed one")
 
 

@@ -106,6 +106,12 @@ def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path
                 {"event": "car", "labels": [{"frame": 2, "value": 2}]},
                 422,
             ),
+            "true for a frame": (  # JSON's true was frame 1, false the value 0
+                client.put,
+                "/api/datasets/refusals/labels",
+                {"event": "car", "labels": [{"frame": True, "value": False}]},
+                422,
+            ),
             "frame twice": (
                 client.put,
                 "/api/datasets/refusals/labels",

@@ -273,6 +273,7 @@ def test_feedback_that_cannot_be_taken_is_refused_in_one_line(cloud: CloudServer
         (f"/api/events/{hand}/feedback", {"value": 0}, 409, "'by-hand' was not made in the studio"),
         ("/api/events/999999/feedback", {"value": 0}, 404, "no event 999999"),
         (f"/api/events/{right}/feedback", {"value": 2}, 422, "body.value"),
+        (f"/api/events/{right}/feedback", {"value": True}, 422, "body.value: Input should be a number, not true"),
         (f"/api/events/{right}/feedback", {"value": 0, "extra": 1}, 422, "body.extra"),
         ("/api/filters/by-hand/missed", {"edge": EDGE, "camera": CAMERA, "start": iso(300), "end": iso(310)}, 409,
          "train it in the studio first"),

@@ -331,6 +331,7 @@ def test_bad_jobs_are_refused_in_one_line(cloud: CloudServer) -> None:
         ({"options": {"optimizer": "sgd"}}, 422, "body.options.optimizer: Input should be 'adam'"),
         ({"options": {"input_size": [100, 96]}}, 422, "multiple of 32"),
         ({"options": {"epochs": 3}}, 422, "epochs"),
+        ({"options": {"steps": True}}, 422, "body.options.steps: Input should be a number, not true or false"),
     ]
     with cloud.client() as client:
         for fields, status, detail in cases:

@@ -16,7 +16,7 @@ from cloud.auth import require
 from cloud.datasets import DatasetError, Datasets, EventCounts
 from cloud.db import Dataset
 from cloud.routers import DatasetsDep, SessionDep
-from cloud.schemas import UtcDatetime, errors
+from cloud.schemas import Number, UtcDatetime, errors
 from common.protocol import ID_PATTERN
 from models.filterspec import NAME_PATTERN
 from models.roi import MAX_POLYGON_POINTS
@@ -30,7 +30,7 @@ COPY_CHUNK = 2**20
 
 DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, description="the dataset's name")]
 EventName = Annotated[str, Field(pattern=EVENT_PATTERN, description="an event (a labels.csv column)")]
-Point = tuple[Annotated[float, Field(ge=0, le=1)], Annotated[float, Field(ge=0, le=1)]]
+Point = tuple[Annotated[float, Number, Field(ge=0, le=1)], Annotated[float, Number, Field(ge=0, le=1)]]
 
 
 class FootageIn(BaseModel):
@@ -39,16 +39,16 @@ class FootageIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="the dataset's name (lowercase letters, digits, _ . -)")
     edge: str = Field(pattern=ID_PATTERN)
     camera: str = Field(pattern=ID_PATTERN)
-    every: float = Field(1.0, ge=0, le=3600, description="seconds between frames; 0: every frame")
-    duration: float = Field(300.0, gt=0, le=86400, description="seconds of stream time to cover")
-    max_frames: int = Field(300, ge=1, le=100_000)
+    every: Annotated[float, Number] = Field(1.0, ge=0, le=3600, description="seconds between frames; 0: every frame")
+    duration: Annotated[float, Number] = Field(300.0, gt=0, le=86400, description="seconds of stream time to cover")
+    max_frames: Annotated[int, Number] = Field(300, ge=1, le=100_000)
 
 
 class LabelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    frame: int = Field(ge=0, le=2**31 - 1, description="the frame's number in the dataset")
-    value: Literal[1, 0, -1] | None = Field(description="1 event, 0 not, -1 uncertain, null: no label")
+    frame: Annotated[int, Number] = Field(ge=0, le=2**31 - 1, description="the frame's number in the dataset")
+    value: Annotated[Literal[1, 0, -1], Number] | None = Field(description="1 event, 0 not, -1 uncertain, null: none")
 
 
 class LabelsIn(BaseModel):

@@ -15,7 +15,7 @@ from cloud.routers import DatasetsDep, SessionDep
 from cloud.routers.datasets import DatasetOut, dataset_out
 from cloud.routers.events import MAX_ROW_ID, IsoTime, RowId, in_utc
 from cloud.routers.training import JobsDep
-from cloud.schemas import RevisionOut, errors
+from cloud.schemas import Number, RevisionOut, errors
 from common.protocol import ID_PATTERN
 from models.filterspec import NAME_PATTERN
 
@@ -37,7 +37,7 @@ FeedbackDep = Annotated[Feedback, Depends(get_feedback)]
 class EventFeedbackIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    value: Literal[0, 1] = Field(description="0: wrong (a false alarm), 1: right (the event happened)")
+    value: Annotated[Literal[0, 1], Number] = Field(description="0: wrong (a false alarm), 1: right (it happened)")
     frames: list[FrameId] | None = Field(
         None,
         min_length=1,

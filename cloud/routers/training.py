@@ -13,7 +13,7 @@ from cloud.db import TrainingJob
 from cloud.routers.datasets import EVENT_PATTERN
 from cloud.routers.events import MAX_ROW_ID
 from cloud.routers.filters import UploadLimitRoute, filter_out, read_model
-from cloud.schemas import ClaimOut, FilterOut, TrainingJobOut, TrainingOptions, errors
+from cloud.schemas import ClaimOut, FilterOut, Number, TrainingJobOut, TrainingOptions, errors
 from cloud.training import TrainingJobs
 from models.filterspec import NAME_PATTERN
 
@@ -61,9 +61,9 @@ class ProgressIn(BaseModel):
 
     trainer: str = Field(pattern=TRAINER_NAME)
     stage: Literal["download", "features", "training", "exporting"]
-    fraction: float = Field(ge=0.0, le=1.0, description="of the whole job")
+    fraction: Annotated[float, Number] = Field(ge=0.0, le=1.0, description="of the whole job")
     message: str = Field("", max_length=500)
-    attempt: int | None = Field(None, ge=1, le=2**31 - 1, description=ATTEMPT_HELP)
+    attempt: Annotated[int, Number] | None = Field(None, ge=1, le=2**31 - 1, description=ATTEMPT_HELP)
 
 
 class FailedIn(BaseModel):
@@ -71,7 +71,7 @@ class FailedIn(BaseModel):
 
     trainer: str = Field(pattern=TRAINER_NAME)
     message: str = Field(min_length=1, max_length=2000, description="why, in one line")
-    attempt: int | None = Field(None, ge=1, le=2**31 - 1, description=ATTEMPT_HELP)
+    attempt: Annotated[int, Number] | None = Field(None, ge=1, le=2**31 - 1, description=ATTEMPT_HELP)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Writer])
