@@ -12,6 +12,7 @@ import logging
 import math
 import secrets
 import struct
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -70,6 +71,9 @@ class Datasets:
     def __init__(self, sessions: sessionmaker, folders: DatasetFolders) -> None:
         self._sessions = sessions
         self.folders = folders
+        # Refreshes one at a time: each reads what is committed when it starts, so the last one writes the newest
+        # state; side by side, an older snapshot could be written after a newer one (labels.csv behind the labels).
+        self._refreshing = threading.Lock()
 
     # -- creating --------------------------------------------------------------------------------------------
 
@@ -310,7 +314,7 @@ class Datasets:
 
     def refresh(self, name: str) -> None:
         """Rewrite the dataset's labels.csv and dataset.yaml from the database."""
-        with self._sessions() as session:
+        with self._refreshing, self._sessions() as session:
             dataset = self.get(session, name)
             rows = session.execute(
                 select(DatasetFrame.number, DatasetFrame.camera_frame, DatasetFrame.timestamp).where(
@@ -318,9 +322,9 @@ class Datasets:
                 )
             ).all()
             labels = self.labels(session, name)
-        frames = {number: camera_frame for number, camera_frame, _ in rows}
-        fps = dataset.fps or _rate([timestamp for _, _, timestamp in rows])  # a recording still going on
-        self.folders.write_meta(name, fps, frames, labels, dataset.regions)
+            frames = {number: camera_frame for number, camera_frame, _ in rows}
+            fps = dataset.fps or _rate([timestamp for _, _, timestamp in rows])  # a recording still going on
+            self.folders.write_meta(name, fps, frames, labels, dataset.regions)
 
     # -- the ingest ------------------------------------------------------------------------------------------
 

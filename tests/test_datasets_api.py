@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
@@ -85,6 +86,25 @@ def test_uploaded_clip_is_a_dataset_the_cli_reads(cloud: CloudServer, clip: Path
         tar.extractall(unpacked, filter="data")
     assert {"labels.csv", "dataset.yaml", "images/000000.jpg", f"images/{FRAMES - 1:06d}.jpg"} <= set(names)
     np.testing.assert_array_equal(open_dataset(unpacked).labels["person_near"], expected)
+
+
+def test_labels_saved_side_by_side_all_reach_labels_csv(cloud: CloudServer, clip: Path) -> None:
+    """The studio saves labels in small batches, which may overlap: labels.csv (what trainers download) lagged
+    behind the database when an older snapshot was written after a newer one."""
+    upload(cloud, clip, "overlapping")
+
+    def save(frame: int) -> int:
+        with cloud.client() as client:
+            body = {"event": "car", "labels": [{"frame": frame, "value": frame % 2}]}
+            return client.put("/api/datasets/overlapping/labels", json=body).status_code
+
+    for burst in range(3):
+        frames = range(burst, FRAMES, 3)
+        with ThreadPoolExecutor(len(frames)) as pool:
+            assert set(pool.map(save, frames)) == {200}
+        read = open_dataset(cloud.config.data_dir / "datasets" / "overlapping").labels["car"]
+        expected = [frame % 2 if frame % 3 <= burst else -1 for frame in range(FRAMES)]
+        assert read.tolist() == expected, f"burst {burst}"
 
 
 def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path) -> None:
