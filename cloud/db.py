@@ -317,6 +317,8 @@ class TrainingJob(Base):
     spec: Mapped[dict[str, Any] | None] = mapped_column(doc="the trained filter's spec")
     onnx: Mapped[bytes | None] = mapped_column(LargeBinary)
     deployed: Mapped[bool] = mapped_column(Boolean, default=False)
+    deployed_at: Mapped[datetime | None] = mapped_column(doc="its last deployment (the filter runs the last one)")
+    camera: Mapped[str | None] = mapped_column(String(64), doc="the camera its dataset's footage came from, if any")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]

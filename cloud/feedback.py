@@ -1,6 +1,6 @@
 """Feedback from the event gallery (docs/studio.md): an event marked wrong or right, or an interval a filter missed,
-becomes labelled frames of the filter's dataset (the dataset and event of its last deployed training job), so the next
-revision trained on it learns from them.
+becomes labelled frames of the filter's dataset (the dataset and event of the training job it runs, deployed last), so
+the next revision trained on it learns from them.
 
 The frames are the cloud's stored (matched) frames, copied into the dataset with their JPEG (decoded from their stream
 fragment when they came in one, as GET /api/frames/{id}.jpg does) and remembered by their row, so a frame is copied

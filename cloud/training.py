@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import Select, and_, func, or_, select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
@@ -77,6 +77,7 @@ class TrainingJobs:
                 event=event,
                 filter_name=filter_name,
                 options=_for_the_edge(session, source, options),
+                camera=source.camera,  # kept for its deployment, should the dataset be deleted meanwhile
                 status="queued",
                 progress={},
             )
@@ -117,31 +118,33 @@ class TrainingJobs:
         spec = FilterSpec.model_validate(job.spec)
         with self._sessions() as session:
             current = session.get(Filter, spec.name)
-            source = session.get(Dataset, job.dataset) if job.dataset is not None else None
         if current is None:
-            row = self.registry.create(_on_its_camera(spec, source.camera if source else None), job.onnx)
+            row = self.registry.create(_on_its_camera(spec, job.camera), job.onnx)
         else:
             kept = {key: current.spec[key] for key in ("cameras", "encoding") if key in current.spec}
             row = self.registry.update(spec.name, FilterSpec.model_validate({**job.spec, **kept}), job.onnx)
-        self._write(f"training job {job_id}", partial(_swap, job_id=job_id, guard=(), values={"deployed": True}))
+        deployed = {"deployed": True, "deployed_at": utcnow()}  # the job the filter runs (a rollback: again)
+        self._write(f"training job {job_id}", partial(_swap, job_id=job_id, guard=(), values=deployed))
         log.info("training job %d deployed as filter %s (revision %d)", job_id, row.name, row.revision)
         return row
 
     def revisions(self, filter_name: str) -> list[tuple[TrainingJob, bool]]:
-        """The filter's deployed jobs, newest first (models not loaded), each with whether the filter runs its model
-        now; 404 for a filter that neither exists nor was ever deployed from a job."""
-        current = select(Filter.onnx).where(Filter.name == filter_name).scalar_subquery()
+        """The filter's deployed jobs, newest first (models not loaded), each with whether the filter runs it now:
+        the job deployed last, unless the filter's model was replaced since (PUT /api/filters); 404 for a filter
+        that neither exists nor was ever deployed from a job."""
+        model = select(Filter.onnx).where(Filter.name == filter_name).scalar_subquery()
         query = (
-            select(TrainingJob, func.coalesce(TrainingJob.onnx == current, False))
+            select(TrainingJob, func.coalesce(TrainingJob.onnx == model, False))
             .options(defer(TrainingJob.onnx))
             .where(TrainingJob.filter_name == filter_name, TrainingJob.deployed)
             .order_by(TrainingJob.created_at.desc(), TrainingJob.id.desc())
         )
         with self._sessions() as session:
-            rows = [(job, bool(is_current)) for job, is_current in session.execute(query)]
+            rows = session.execute(query).all()
             if not rows and session.get(Filter, filter_name) is None:
                 raise TrainingError(404, f"no filter named '{filter_name}': list the filters with GET /api/filters")
-        return rows
+            running = session.scalar(_last_deployed(filter_name, TrainingJob.id))
+        return [(job, job.id == running and bool(same_model)) for job, same_model in rows]
 
     # -- trainers --------------------------------------------------------------------------------------------
 
@@ -340,13 +343,8 @@ class TrainingJobs:
 
 
 def filter_source(session: Session, filter_name: str) -> tuple[str, str]:
-    """The dataset and event of the filter's last deployed training job: where feedback on its events goes."""
-    row = session.execute(
-        select(TrainingJob.dataset, TrainingJob.event)
-        .where(TrainingJob.filter_name == filter_name, TrainingJob.deployed)
-        .order_by(TrainingJob.created_at.desc(), TrainingJob.id.desc())
-        .limit(1)
-    ).first()
+    """The dataset and event of the training job deployed as the filter last: where feedback on its events goes."""
+    row = session.execute(_last_deployed(filter_name, TrainingJob.dataset, TrainingJob.event)).first()
     if row is None and session.get(Filter, filter_name) is None:
         raise TrainingError(404, f"no filter named '{filter_name}': list the filters with GET /api/filters")
     if row is None:
@@ -368,6 +366,16 @@ def filter_source(session: Session, filter_name: str) -> tuple[str, str]:
 def _claimable(now: datetime) -> Any:
     lapsed = and_(TrainingJob.status == "running", TrainingJob.lease_until < now)
     return or_(TrainingJob.status == "queued", lapsed)
+
+
+def _last_deployed(filter_name: str, *columns: Any) -> Select:
+    """`columns` of the training job deployed as the filter last (what it runs, after a rollback too)."""
+    return (
+        select(*columns)
+        .where(TrainingJob.filter_name == filter_name, TrainingJob.deployed)
+        .order_by(TrainingJob.deployed_at.desc().nulls_last(), TrainingJob.id.desc())
+        .limit(1)
+    )
 
 
 def _swap(session: Session, job_id: int, guard: tuple[Any, ...], values: dict[str, Any]) -> bool:

@@ -220,3 +220,42 @@ def test_training_jobs_kept_through_the_upgrade_outlive_their_dataset(db_url: st
         connection.execute(text("DELETE FROM datasets WHERE name = 'lot'"))
     with engine.connect() as connection:
         assert connection.execute(text("SELECT dataset, filter_name FROM training_jobs")).all() == [(None, "lot-car")]
+
+
+def test_deployed_jobs_of_an_older_database_get_their_deployment_time_and_camera(
+    db_url: str, engines: list[Engine]
+) -> None:
+    """Revision 0007: a job records when it was last deployed (the filter runs the job deployed last) and the camera
+    of its footage; a database from before it counts its deployed jobs as deployed when they finished, and takes
+    the camera from their dataset."""
+    old = create_engine(db_url)
+    engines.append(old)
+    at, done = datetime(2026, 12, 1, tzinfo=UTC), datetime(2026, 12, 2, tzinfo=UTC)
+    with old.begin() as connection:
+        command.upgrade(migrations.alembic_config(connection), "0006")
+        connection.execute(
+            text(
+                "INSERT INTO datasets (name, source, every, duration, max_frames, status, message, frames, fps,"
+                " regions, created_at, updated_at, edge_id, camera) VALUES ('lot', 'footage', 1, 60, 60, 'complete',"
+                " '', 3, 1, '{}', :at, :at, 'edge-1', 'gate')"
+            ),
+            {"at": at},
+        )
+        for deployed, finished in ((True, done), (False, None)):
+            connection.execute(
+                text(
+                    "INSERT INTO training_jobs (dataset, event, filter_name, options, status, progress, attempts,"
+                    " error, deployed, created_at, finished_at) VALUES ('lot', 'car', 'lot-car', '{}', 'done', '{}',"
+                    " 1, '', :deployed, :at, :finished)"
+                ),
+                {"at": at, "deployed": deployed, "finished": finished},
+            )
+    old.dispose()
+
+    engine = make_engine(db_url)
+    engines.append(engine)
+    with engine.connect() as connection:
+        assert versions(connection) == [HEAD]
+        rows = connection.execute(text("SELECT deployed, deployed_at, camera FROM training_jobs ORDER BY id")).all()
+    assert [(bool(deployed), camera) for deployed, _, camera in rows] == [(True, "gate"), (False, "gate")]
+    assert str(rows[0][1]).startswith("2026-12-02") and rows[1][1] is None  # SQLite gives text, PostgreSQL a datetime

@@ -307,6 +307,32 @@ def test_deleting_a_dataset_keeps_its_deployed_jobs_and_fails_waiting_ones(
         assert client.get("/api/training-jobs", params={"dataset": "doomed"}).json() == []
 
 
+def test_the_job_deployed_last_is_the_one_the_filter_runs(
+    cloud: CloudServer, clip: LabelledDataset, make_filter: Any
+) -> None:
+    """After a rollback the filter runs the older job: feedback goes to that job's dataset (it went to the newest
+    deployed job's), and that job alone is current, though the newer one's model is the same bytes."""
+    jobs = []
+    for dataset, trainer in (("kept-data", "trainer-r1"), ("newer-data", "trainer-r2")):
+        upload_and_label(cloud, clip, dataset)
+        job = queue_job(cloud, "rolled", dataset=dataset)
+        assert claim(cloud, trainer).json()["id"] == job["id"]
+        assert post_result(cloud, make_filter, job, trainer, report_of(job)).status_code == 200
+        jobs.append(job)
+    first, second = jobs
+    assert job_model(cloud, first["id"]) == job_model(cloud, second["id"])
+    with cloud.client() as client:
+        for job in (first, second, first):  # deployed, a new revision, rolled back
+            assert client.post(f"/api/training-jobs/{job['id']}/deploy").status_code == 200
+        revisions = client.get("/api/filters/rolled/revisions").json()
+        assert [(r["job"], r["current"]) for r in revisions] == [(second["id"], False), (first["id"], True)]
+        assert client.delete("/api/datasets/newer-data").status_code == 204  # the dataset the filter no longer runs
+        interval = {"edge": "e", "camera": "c", "start": "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00Z"}
+        answer = client.post("/api/filters/rolled/missed", json=interval)
+    # Taken for kept-data (the interval holds no frame); before, refused: the newest deployed job's dataset is gone.
+    assert answer.status_code == 409 and "the cloud holds no frame of camera 'c'" in answer.json()["detail"]
+
+
 def test_trainers_claiming_at_once_never_share_a_job(cloud: CloudServer) -> None:
     jobs = {queue_job(cloud, f"race-{n}")["id"] for n in range(3)}
     with ThreadPoolExecutor(8) as pool:
