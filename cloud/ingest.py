@@ -239,7 +239,7 @@ class Ingest:
         except _Refused as exc:
             self._count("unauthenticated")
             self._log_once(("refused", peer, str(exc)), "message from %s refused: %s", peer, exc)
-            self._send(identity, Error(message=f"refused: {exc}"))
+            self._send(identity, Error(message=f"refused: {exc}", seq=getattr(header, "seq", None)))
             return
         self._guarded(self._dispatch, identity, frames[0], edge, header, payload, batch)
 

@@ -203,6 +203,9 @@ class SnapshotEnd(_Header):
 class Error(_Header):
     type: Literal["error"] = "error"
     message: str
+    # The refused message's seq when the refusal is for good (it names another edge than the connection's key):
+    # the edge drops it instead of resending it for ever ahead of what it spooled after it.
+    seq: Seq | None = None
 
 
 Header = Annotated[

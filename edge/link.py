@@ -287,6 +287,10 @@ class Link:
         return header
 
     def _refusal(self, error: Error, _payload: bytes) -> None:
+        self.note_refusal(error)
+
+    def note_refusal(self, error: Error) -> None:
+        """Count the cloud's refusal and log its text once (a refused message comes back with every resend)."""
         self.refused += 1
         if error.message not in self._refusals:  # a refused message comes back with every resend
             self._refusals.add(error.message)

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from common.fragment import Fragment, pack
 from common.protocol import (
     Ack,
+    Error,
     EventHeader,
     EventInfo,
     FootageHeader,
@@ -51,12 +52,15 @@ class Uplink:
     def __init__(self, link: Link, spool: SpoolConfig):
         self.link = link
         self.spool = Spool(spool.path, spool.max_bytes)
-        self.counts = {"sent_messages": 0, "sent_bytes": 0, "acked": 0, "unsendable": 0, "footage_spooled": 0}
+        self.counts = {
+            "sent_messages": 0, "sent_bytes": 0, "acked": 0, "refused": 0, "unsendable": 0, "footage_spooled": 0,
+        }  # fmt: skip
         self.resend_after = 3 * link.config.heartbeat + 1.0
         self._cursor = 0  # highest seq sent in this pass over the spool
         self._in_flight: dict[int, float] = {}  # seq -> when last sent (monotonic)
         self._drained = threading.Condition()
         link.route(Ack, self._acked)
+        link.route(Error, self._refused)
         link.on_reset(self._resend_all)
         link.attach(self)
 
@@ -158,6 +162,7 @@ class Uplink:
             "sent_messages": self.counts["sent_messages"],
             "sent_bytes": self.counts["sent_bytes"],
             "acked": self.counts["acked"],
+            "refused": self.counts["refused"],
             "footage_spooled": self.counts["footage_spooled"],
         }
 
@@ -202,6 +207,18 @@ class Uplink:
         self.counts["acked"] += self.spool.ack(ack.seqs)
         with self._drained:
             self._drained.notify_all()
+
+    def _refused(self, error: Error, _payload: bytes) -> None:
+        """A message the cloud will never store (it names another edge than this edge's key: spooled before its
+        edge_id was corrected) is dropped and counted; resent, it blocked everything spooled after it for good."""
+        self.link.note_refusal(error)
+        if error.seq is not None:
+            self._in_flight.pop(error.seq, None)
+            if dropped := self.spool.ack([error.seq]):
+                self.counts["refused"] += dropped
+                log.warning("dropped spooled message %d: the cloud refuses it for good (%s)", error.seq, error.message)
+            with self._drained:
+                self._drained.notify_all()
 
     def _resend_all(self) -> None:
         """What was in flight may be lost: send everything unacknowledged again, from the oldest."""

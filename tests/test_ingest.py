@@ -405,6 +405,7 @@ def test_curve_edge_naming_another_edge_is_refused(make_cloud, keys: Keys) -> No
     client.send(frame(1, edge="edge-2"), b"jpeg")
     header, _ = client.recv()
     assert isinstance(header, Error) and "belongs to edge 'edge-1'" in header.message
+    assert header.seq == 1  # for good: the edge drops it rather than resend it ahead of everything after it
     assert cloud.ingest.counts["unauthenticated"] == 1 and cloud.ingest.counts["acked"] == 0
     client.send(frame(2), b"jpeg")  # its own id still works
     assert client.acked(1) == [2]

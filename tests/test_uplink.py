@@ -212,15 +212,25 @@ def test_a_wrong_cloud_key_or_a_plain_edge_fails_the_handshake_in_one_clear_line
 def test_another_edge_s_key_gets_its_messages_refused_and_logged_once(
     curve_cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    link, impostor = make_uplink(curve_cloud.link(curve_cloud.keys.edge(EDGE)), tmp_path, edge_id="edge-2")
+    secret = curve_cloud.keys.edge(EDGE)
+    link, impostor = make_uplink(curve_cloud.link(secret), tmp_path, edge_id="edge-2")
     with caplog.at_level("WARNING", logger="edge.link"):
         link.start()
         send_frames(impostor, 3)
-        wait_until(lambda: link.refused >= 6)  # hello, heartbeats, frames: each one answered
+        wait_until(lambda: link.refused >= 6 and impostor.counts["refused"] == 3)  # hello, heartbeats, frames
         close(link, impostor)
     refusals = [r.getMessage() for r in caplog.records if "refused a message" in r.getMessage()]
     assert len(refusals) == 1 and "key belongs to edge 'edge-1'" in refusals[0]
-    assert impostor.spool.messages == 3 and curve_cloud.stored_seqs("edge-2") == curve_cloud.stored_seqs() == []
+    assert curve_cloud.stored_seqs("edge-2") == curve_cloud.stored_seqs() == []
+    # Their headers name edge-2, so the cloud will never take them: dropped, where resent for ever they held back
+    # everything spooled after them. The edge_id corrected, the same spool's new messages get through.
+    assert impostor.spool.messages == 0
+    link, corrected = make_uplink(curve_cloud.link(secret), tmp_path)
+    link.start()
+    send_frames(corrected, 2, start=3)
+    assert corrected.wait_drained(30)
+    close(link, corrected)
+    assert len(curve_cloud.stored_seqs(EDGE)) == 2
 
 
 def test_cloud_down_mid_stream_then_back_stores_every_message_exactly_once(
