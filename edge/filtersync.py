@@ -28,7 +28,7 @@ import zmq
 
 from common.protocol import TOPIC, FilterUpdate, ProtocolError, SnapshotEnd, SnapshotRequest, decode
 from edge.filtercache import FilterCache
-from edge.link import Link, Worker, open_socket
+from edge.link import CloudSocket, Link, Worker, poll
 from edge.mcbank import MCBank
 from models.filterspec import FilterSpec
 
@@ -97,25 +97,21 @@ class FilterSync:
 
     def _serve(self) -> None:
         config = self.link.config
-        sub, monitor = open_socket(zmq.SUB, config, config.publish_port, report=False)  # the link's DEALER reports
-        sub.subscribe(TOPIC)
-        poller = zmq.Poller()
-        for source in (sub, monitor.socket, self._worker.reader):
-            poller.register(source, zmq.POLLIN)
+        # The link's DEALER reports a refused key: one line per edge, not one per socket.
+        cloud = CloudSocket(zmq.SUB, config, config.publish_port, report=False, subscribe=TOPIC)
         try:
             while not self._worker.stopping.is_set():
-                poller.poll(1000 * config.heartbeat)
+                poll([cloud.socket, cloud.monitor.socket, self._worker.reader], config.heartbeat)
                 self._worker.clear()
-                if zmq.EVENT_HANDSHAKE_SUCCEEDED in monitor.events():
+                if zmq.EVENT_HANDSHAKE_SUCCEEDED in cloud.events():
                     self._request_snapshot("connected")  # the subscription is in place: nothing new is missed
-                self._receive_published(sub)
+                self._receive_published(cloud.socket)
                 self._receive_from_link()
                 self._retry_snapshot()
         except Exception:
-            log.exception("filter sync with %s failed; the bank keeps its filters", monitor.endpoint)
+            log.exception("filter sync with %s failed; the bank keeps its filters", cloud.monitor.endpoint)
         finally:
-            monitor.close()
-            sub.close(linger=0)
+            cloud.close()
 
     def _receive_published(self, sub: zmq.Socket) -> None:
         while sub.poll(0):

@@ -50,6 +50,9 @@ MONITORED = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 )
 FLUSH_WAIT = 1.0  # seconds close() waits for the cloud to take the last posted messages
+# ZeroMQ gives up on a connection whose key the cloud refused; a new socket tries again this often, so an edge
+# whose key is added to the cloud's allow-list (re-read there without a restart) connects without one either.
+REFUSED_RETRY = 10.0
 Handler = Callable[[Any, bytes], None]  # (header, payload) of a message from the cloud
 
 
@@ -89,7 +92,7 @@ class LinkMonitor:
         self._owner = sock
         self._public_key_file = _public_key_file(secret_key) if secret_key else None
         self._report_failures = report
-        self._reported = False  # this episode's failure is logged already
+        self.reported = False  # this episode's failure is logged already
 
     def events(self) -> list[int]:
         """The connection events since the last call (never blocks)."""
@@ -98,9 +101,9 @@ class LinkMonitor:
             event = recv_monitor_message(self.socket)["event"]
             events.append(event)
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._reported = False
-            elif event != zmq.EVENT_DISCONNECTED and self._report_failures and not self._reported:
-                self._reported = True
+                self.reported = False
+            elif event != zmq.EVENT_DISCONNECTED and self._report_failures and not self.reported:
+                self.reported = True
                 self._report(event)
         return events
 
@@ -120,6 +123,44 @@ class LinkMonitor:
 
     def close(self) -> None:
         self._owner.disable_monitor()
+        self.socket.close(linger=0)
+
+
+class CloudSocket:
+    """A socket connected to the cloud and its monitor, opened afresh REFUSED_RETRY seconds after the cloud refused
+    its key (ZeroMQ does not reconnect then). Poll `socket` and `monitor.socket` as they are after each `events()`."""
+
+    def __init__(self, kind: int, link: CloudLink, port: int, report: bool = True, subscribe: bytes | None = None):
+        self._open_args = (kind, link, port, report)
+        self._subscribe = subscribe
+        self._retry_at: float | None = None
+        self.socket, self.monitor = self._open()
+
+    def _open(self) -> tuple[zmq.Socket, LinkMonitor]:
+        sock, monitor = open_socket(*self._open_args)
+        if self._subscribe is not None:
+            sock.subscribe(self._subscribe)
+        return sock, monitor
+
+    def events(self) -> list[int]:
+        """The connection events since the last call; a fresh socket when a refused key's retry is due."""
+        events, now = self.monitor.events(), time.monotonic()
+        if zmq.EVENT_HANDSHAKE_FAILED_AUTH in events and self._retry_at is None:
+            self._retry_at = now + REFUSED_RETRY
+        if self._retry_at is not None and now >= self._retry_at:
+            reported = self.monitor.reported  # one log line per episode, not one per retry
+            self.close()
+            self.socket, self.monitor = self._open()
+            self.monitor.reported, self._retry_at = reported, None
+            log.debug("new connection to %s after the refused key", self.monitor.endpoint)
+        return events
+
+    def next_retry(self) -> float | None:
+        """When events() opens a fresh socket (monotonic), if a refused key's retry is pending."""
+        return self._retry_at
+
+    def close(self) -> None:
+        self.monitor.close()
         self.socket.close(linger=0)
 
 
@@ -185,7 +226,7 @@ class Link:
         self._posted: dict[str, list[bytes]] = {}  # message type -> the latest one waiting to go
         self._posted_lock = threading.Lock()
         self._session = _Session(config)
-        self._dealer: zmq.Socket | None = None
+        self._cloud: CloudSocket | None = None  # the DEALER, the link's thread's own
         self._worker = Worker("link", self._serve)
 
     # -- wiring, before start() --------------------------------------------------------------------------
@@ -234,35 +275,31 @@ class Link:
     def send(self, frames: list[bytes]) -> bool:
         """Send without blocking; False when the message cannot go now (no connection). The link's thread only."""
         try:
-            self._dealer.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            self._cloud.socket.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
             return False
         return True
 
     def _serve(self) -> None:
-        self._dealer, monitor = open_socket(zmq.DEALER, self.config, self.config.ingest_port)
-        poller = zmq.Poller()
-        for source in (self._dealer, monitor.socket, self._worker.reader):
-            poller.register(source, zmq.POLLIN)
+        self._cloud = CloudSocket(zmq.DEALER, self.config, self.config.ingest_port)
         try:
             while not self._worker.stopping.is_set():
-                poller.poll(1000 * self._idle_for())
+                poll([self._cloud.socket, self._cloud.monitor.socket, self._worker.reader], self._idle_for())
                 self._worker.clear()
-                self._connection_events(monitor.events())
-                while self._dealer.poll(0):
+                self._connection_events(self._cloud.events())
+                while self._cloud.socket.poll(0):
                     self._receive()
                 self._step()
             self._flush()
         except Exception:
             log.exception("link to %s failed; matched frames stay spooled", self._session.endpoint)
         finally:
-            monitor.close()
-            self._dealer.close(linger=0)
+            self._cloud.close()
 
     def _idle_for(self) -> float:
         """Seconds the thread may sleep before something is due (it wakes earlier on any input)."""
-        senders = [sender.next_due() for sender in self._senders]
-        due = min([self._session.next_due(), *(when for when in senders if when is not None)])
+        dues = [sender.next_due() for sender in self._senders] + [self._cloud.next_retry()]
+        due = min([self._session.next_due(), *(when for when in dues if when is not None)])
         return min(max(due - time.monotonic(), 0.005), 1.0)
 
     def _connection_events(self, events: list[int]) -> None:
@@ -272,7 +309,7 @@ class Link:
     def _receive(self) -> Any:
         """Handle one message from the cloud; returns its header (None when unreadable)."""
         try:
-            header, payload = decode(self._dealer.recv_multipart())
+            header, payload = decode(self._cloud.socket.recv_multipart())
         except ProtocolError as exc:
             log.warning("unreadable message from the cloud: %s", exc)
             return None
@@ -352,7 +389,7 @@ class Link:
             return
         self.send(encode(Heartbeat(sender=self.edge_id)))
         deadline = time.monotonic() + FLUSH_WAIT
-        while (left := deadline - time.monotonic()) > 0 and self._dealer.poll(1000 * left):
+        while (left := deadline - time.monotonic()) > 0 and self._cloud.socket.poll(1000 * left):
             if isinstance(self._receive(), Heartbeat):
                 return
 
@@ -414,6 +451,14 @@ class _Session:
         log.warning(
             "cloud at %s unreachable since %s; filtering goes on and matched frames are spooled", self.endpoint, since
         )
+
+
+def poll(sources: list[Any], timeout: float) -> None:
+    """Wait up to `timeout` seconds for input on any of `sources` (ZeroMQ sockets or sockets of the OS)."""
+    poller = zmq.Poller()
+    for source in sources:
+        poller.register(source, zmq.POLLIN)
+    poller.poll(1000 * timeout)
 
 
 def _public_key_file(secret_key: Path) -> Path:

@@ -17,6 +17,7 @@ import yaml
 from sqlalchemy import func, select
 from support import free_port, wait_until
 
+import edge.link
 from cloud.config import CloudConfig, TokenConfig, ZmqConfig
 from cloud.db import Camera, Edge, EventFrame, StoredFrame, make_engine, session_factory
 from cloud.db import Event as EventRow
@@ -189,6 +190,27 @@ def test_curve_link_delivers_and_an_unknown_key_is_refused_in_one_clear_line(
     ]
     assert not stranger_link.connected and stranger.spool.messages == 3  # kept for when the key is allowed
     assert len(curve_cloud.stored_seqs()) == 5
+
+
+def test_an_edge_whose_key_is_allowed_later_connects_without_a_restart(
+    curve_cloud: Cloud, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ZeroMQ gives up on a connection the cloud's authenticator refused: the edge tries again on a new socket, so
+    adding its key to the allow-list (as the refusal's log line says) is enough; before, only a restart was."""
+    monkeypatch.setattr(edge.link, "REFUSED_RETRY", 0.5)
+    keys = curve_cloud.keys
+    late_key = keys.edge("late", allowed=False)
+    link, late = make_uplink(curve_cloud.link(late_key), tmp_path, edge_id="late")
+    with caplog.at_level("ERROR", logger="edge.link"):
+        link.start()
+        send_frames(late, 3)
+        wait_until(lambda: "refused this edge's key" in caplog.text)
+        time.sleep(1.5)  # refused on a few new sockets too
+        shutil.copy(late_key.with_suffix(".key"), keys.allowed / "late.key")
+        assert late.wait_drained(30)
+    close(link, late)
+    assert len(curve_cloud.stored_seqs("late")) == 3
+    assert sum("refused this edge's key" in record.getMessage() for record in caplog.records) == 1  # one episode
 
 
 def test_a_wrong_cloud_key_or_a_plain_edge_fails_the_handshake_in_one_clear_line(
