@@ -79,10 +79,16 @@ PERSISTED = frozenset({"malformed", "unauthenticated"})  # refusals also go to t
 SAVE_INTERVAL = 1.0  # seconds between writes of the refusal counters
 STOP_CHECK_MS = 100  # the loop's longest wait for a message before it looks whether stop() was called
 BATCH = 256  # messages handled per loop pass before the acks go out
+KEY_RECHECK = 1.0  # seconds: a key taken off the allow-list refuses its edge's messages from at most this much later
 
 
 class _Refused(Exception):
-    """A well-formed message from an edge that may not send it (its key belongs to another edge)."""
+    """A well-formed message from an edge that may not send it: its key belongs to another edge (`for_good`: the
+    message names that edge, so the edge drops it), or its key was taken off the allow-list (until put back)."""
+
+    def __init__(self, message: str, for_good: bool) -> None:
+        super().__init__(message)
+        self.for_good = for_good
 
 
 @dataclass
@@ -239,7 +245,8 @@ class Ingest:
         except _Refused as exc:
             self._count("unauthenticated")
             self._log_once(("refused", peer, str(exc)), "message from %s refused: %s", peer, exc)
-            self._send(identity, Error(message=f"refused: {exc}", seq=getattr(header, "seq", None)))
+            seq = getattr(header, "seq", None) if exc.for_good else None
+            self._send(identity, Error(message=f"refused: {exc}", seq=seq))
             return
         self._guarded(self._dispatch, identity, frames[0], edge, header, payload, batch)
 
@@ -256,7 +263,16 @@ class Ingest:
         if claimed != authenticated:
             raise _Refused(
                 f"this connection's key belongs to edge {authenticated!r} but the message is from {claimed!r}: "
-                f"set edge_id: {authenticated} in that edge's config, or give it {claimed}'s keypair"
+                f"set edge_id: {authenticated} in that edge's config, or give it {claimed}'s keypair",
+                for_good=True,
+            )
+        assert self._zap is not None  # CURVE sockets have a ZAP handler
+        key = (_property(frame, PUBLIC_KEY_PROPERTY) or "").encode()
+        if self._zap.allow_list.edge_of(key, KEY_RECHECK) != authenticated:  # connected before it was taken off
+            raise _Refused(
+                f"the key of edge {authenticated!r} is no longer in the cloud's allow-list {self._config.edge_keys}: "
+                "nothing from it is taken until its key file is put back",
+                for_good=False,
             )
         return claimed
 

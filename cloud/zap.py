@@ -40,10 +40,17 @@ class AllowList:
         self.folder = Path(folder)
         self._signature: tuple[tuple[str, int, int], ...] | None = None
         self._edges: dict[bytes, str] = {}
+        self._scanned_at = -math.inf
+        self._lock = threading.Lock()  # the ZAP handler's thread and the ingest's
 
-    def edge_of(self, public_key: bytes) -> str | None:
-        self._reload_if_changed()
-        return self._edges.get(public_key)
+    def edge_of(self, public_key: bytes, max_age: float = 0.0) -> str | None:
+        """The key's edge, the folder looked at again when it was last more than `max_age` seconds ago (the
+        ingest asks at every message, the ZAP handler at every handshake)."""
+        with self._lock:
+            if time.monotonic() - self._scanned_at > max_age:
+                self._reload_if_changed()
+                self._scanned_at = time.monotonic()
+            return self._edges.get(public_key)
 
     def _reload_if_changed(self) -> None:
         signature = self._scan()

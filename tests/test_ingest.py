@@ -3,6 +3,7 @@ sockets speaking common/protocol.py on loopback, plain and with CURVE and the ZA
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -395,6 +396,33 @@ def test_curve_key_not_on_the_allow_list_is_refused_until_added(make_cloud, keys
     allowed = cloud.client(secret)
     allowed.send(frame(1, edge="edge-2"), b"jpeg")
     assert allowed.acked(1) == [1]
+
+
+def test_an_edge_whose_key_is_taken_off_the_allow_list_is_refused_on_its_open_connection(
+    make_cloud, keys: Keys
+) -> None:
+    """Deleting an edge's key file refuses it at once (docs/deploy.md), not only once it reconnects: its messages
+    are refused while the file is away (not for good: the edge keeps them) and taken again once it is back."""
+    secret = keys.edge(EDGE)
+    cloud = make_cloud(keys)
+    client = cloud.client(secret)
+    seqs = itertools.count(1)
+
+    def answer() -> Any:
+        client.send(frame(next(seqs)), b"jpeg")
+        return client.recv()[0]
+
+    assert isinstance(answer(), Ack)
+    allowed = keys.allowed / f"{EDGE}.key"
+    away = allowed.rename(keys.folder / "revoked.key")
+    wait_until(lambda: isinstance(answer(), Error), "a refusal on the open connection")
+    stored = stored_seqs(cloud.sessions)
+    refusal = answer()
+    assert isinstance(refusal, Error) and refusal.seq is None  # not for good: the edge keeps it for later
+    assert f"the key of edge '{EDGE}' is no longer in the cloud's allow-list" in refusal.message
+    assert stored_seqs(cloud.sessions) == stored
+    away.rename(allowed)
+    wait_until(lambda: isinstance(answer(), Ack), "taken again once the key is back")
 
 
 def test_curve_edge_naming_another_edge_is_refused(make_cloud, keys: Keys) -> None:
