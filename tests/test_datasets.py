@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from models.datasets import (
     mot_dataset,
     open_dataset,
     write_labelled,
+    write_synthetic,
 )
 from models.datasets.frames import probe, read_frames
 from models.datasets.labelled import check_event_name
@@ -206,6 +208,25 @@ def test_image_folder_dataset_with_declared_events(tmp_path: Path) -> None:
     # f2.png comes before f10.png: frame i is the image with value 10*i.
     assert [int(image[0, 0, 0]) for _, image in ds.frames()] == [10 * i for i in range(12)]
     assert ds.intervals("a") == [(0, 0), (3, 3)]
+
+
+def test_a_video_damaged_part_way_is_said_to_be(
+    tmp_path: Path, scratch_cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Decoding stops at the first damaged frame: the warning says so, where only the labels past the end (the
+    next warning) were blamed before."""
+    video = write_synthetic(tmp_path / "good", n_frames=60, size=(128, 96), seed=1).source
+    data = bytearray(video.read_bytes())
+    middle, span = len(data) // 2, len(data) // 10
+    data[middle : middle + span] = bytes(span)  # 10% of the file overwritten in its middle
+    root = tmp_path / "damaged"
+    root.mkdir()
+    (root / "clip.mp4").write_bytes(bytes(data))
+    (root / "labels.csv").write_text("frame_index,a\n" + "".join(f"{i},{i % 2}\n" for i in range(60)))
+    with caplog.at_level(logging.WARNING, logger="models.datasets.frames"):
+        dataset = open_dataset(root)
+    assert dataset.n_frames < 54
+    assert f"only {dataset.n_frames} of the 60 frames its container states decode: the video is damaged" in caplog.text
 
 
 def test_rows_past_the_video_are_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -24,6 +24,7 @@ from models.errors import FilterForwardError
 log = logging.getLogger(__name__)
 
 VIDEO_SUFFIXES = frozenset({".mp4", ".m4v", ".mov", ".avi", ".mkv", ".webm", ".mpg", ".mpeg", ".ts", ".wmv", ".flv"})
+SHORTFALL = 0.9  # fewer decodable frames than this share of the container's count: a damaged video, not a miscount
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".ppm", ".pgm"})
 
 
@@ -137,7 +138,13 @@ def _probe_video(path: Path, fps: float | None) -> FrameInfo:
     if not rate or not np.isfinite(rate) or rate <= 0:
         raise FilterForwardError(f"{path} states no frame rate: set `fps:` in dataset.yaml")
     n_frames = _decoded_count(path)
-    if n_frames != claimed:
+    if n_frames < SHORTFALL * claimed:  # more than a container's usual miscount: frames after a damaged one are lost
+        log.warning(
+            "%s: only %d of the %d frames its container states decode: the video is damaged or cut short after frame "
+            "%d, and the frames from there are not read; repair or re-export it if they matter",
+            path, n_frames, claimed, n_frames - 1,
+        )  # fmt: skip
+    elif n_frames != claimed:
         log.info("%s: the container says %d frames, %d decode; using %d", path, claimed, n_frames, n_frames)
     height, width = first.shape[:2]
     return FrameInfo(fps=float(rate), frame_size=(width, height), n_frames=n_frames)
