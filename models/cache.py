@@ -9,11 +9,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from models.errors import FilterForwardError
+
+
+class CacheUnusable(FilterForwardError, OSError):
+    """The cache folder cannot be made or written (an OSError still, for callers that do without the cache)."""
+
 
 def cache_dir(*parts: str) -> Path:
-    root = Path(os.environ.get("FILTERFORWARD_CACHE", Path.home() / ".cache" / "filterforward"))
+    given = os.environ.get("FILTERFORWARD_CACHE")
+    root = Path(given) if given else Path.home() / ".cache" / "filterforward"
     path = root.joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = "FILTERFORWARD_CACHE" if given else "the cache folder (set FILTERFORWARD_CACHE to move it)"
+        raise CacheUnusable(
+            f"cannot make {path} in {where}: {exc.strerror or exc}; point FILTERFORWARD_CACHE at a folder you can "
+            "write in"
+        ) from None
     return path
 
 

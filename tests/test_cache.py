@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from models.cache import written_whole
+from filterforward.cli import main
+from models.cache import cache_dir, written_whole
 
 
 def test_a_file_appears_only_when_its_block_ends(tmp_path: Path) -> None:
@@ -53,3 +54,17 @@ def test_concurrent_writers_of_one_file_each_write_their_own_and_one_wins_whole(
     assert len(set(temporaries)) == len(contents)
     assert target.read_bytes() in contents
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
+def test_a_cache_folder_that_cannot_be_made_says_which_setting_to_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "/tmp/x/base: Not a directory (-v shows where)": nothing about the cache or FILTERFORWARD_CACHE."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    monkeypatch.setenv("FILTERFORWARD_CACHE", str(a_file))
+    assert main(["models", "export"]) == 2
+    expected = f"cannot make {a_file / 'base'} in FILTERFORWARD_CACHE: Not a directory; point FILTERFORWARD_CACHE at"
+    assert expected in capsys.readouterr().err
+    with pytest.raises(OSError):  # still an OSError, for the callers that do without the cache (frame counts)
+        cache_dir("frame-counts")
