@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -10,7 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from cloud.notify import CHANNELS
-from common.configfile import ConfigPath, FolderPath, read_config
+from common.configfile import ConfigPath, FolderPath, parse_config, validate
 from models.bundle import MAX_MODEL_BYTES
 
 Scope = Literal["read", "write", "train"]  # train: a trainer service taking training jobs
@@ -120,7 +122,9 @@ class CloudConfig(notification_keys()):
         shared = self.host == self.zmq.bind or {self.host, self.zmq.bind} & wildcards
         for key in ("ingest_port", "publish_port"):
             if shared and getattr(self.zmq, key) == self.port:
-                raise ValueError(f"port and zmq.{key} are both {self.port}: give the HTTP server its own port")
+                raise ValueError(
+                    f"port (or --port) and zmq.{key} are both {self.port}: give the HTTP server its own port"
+                )
         return self
 
     @field_validator("database_url", "public_url", mode="before")
@@ -163,6 +167,9 @@ def _repeated(values: list[str]) -> int | None:
     return next((i for i, value in enumerate(values) if value in values[:i]), None)
 
 
-def load_cloud_config(path: Path) -> CloudConfig:
-    """Read and validate a cloud YAML file; relative paths in it are relative to the file."""
-    return read_config(path, CloudConfig)
+def load_cloud_config(path: Path, overrides: Mapping[str, object] | None = None) -> CloudConfig:
+    """Read and validate a cloud YAML file, top-level keys replaced by `overrides` (the command line's, validated
+    with the rest: a --port that is zmq's ingest port is refused as the same key in the file is); relative paths
+    in it are relative to the file."""
+    document = parse_config(path)
+    return validate(replace(document, data={**document.data, **(overrides or {})}), CloudConfig)

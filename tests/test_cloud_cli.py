@@ -53,7 +53,7 @@ def serve(*args: str) -> subprocess.CompletedProcess:
             "tokens 'ops' and 'viewer' have the same secret: give each its own",
         ),
         (TOKENS + "zmq: {insecure: true, ingest_port: 15555, publish_port: 15555}\n", "both 15555: give each socket"),
-        (TOKENS + GOOD_ZMQ + "port: 15556\n", "port and zmq.publish_port are both 15556: give the HTTP server its own"),
+        (TOKENS + GOOD_ZMQ + "port: 15556\n", "and zmq.publish_port are both 15556: give the HTTP server its own"),
     ],
     ids=[
         "unknown key",
@@ -95,6 +95,13 @@ def test_a_bad_port_option(tmp_path: Path) -> None:
     result = serve("--config", str(write_config(tmp_path)), "--port", "70000")
     assert result.returncode == 2
     assert "'70000' is not a TCP port (1-65535)" in result.stderr
+    # --port is checked with the file, as its port: key is (it said zmq.ingest_port could not bind, "in use").
+    (tmp_path / "clash").mkdir()
+    config = write_config(tmp_path / "clash", zmq={"ingest_port": 15557})
+    result = serve("--config", str(config), "--port", "15557")
+    assert result.returncode == 2
+    expected = "port (or --port) and zmq.ingest_port are both 15557: give the HTTP server its own port"
+    assert expected in result.stderr and result.stderr.count("\n") == 1, result.stderr
 
 
 @pytest.mark.parametrize(

@@ -33,9 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def serve(args: argparse.Namespace) -> int:
     from cloud.config import load_cloud_config
 
-    config = load_cloud_config(args.config)  # a bad file fails here, before the heavy imports
     overrides = {key: value for key, value in (("host", args.host), ("port", args.port)) if value is not None}
-    config = config.model_copy(update=overrides)
+    config = load_cloud_config(args.config, overrides)  # a bad file fails here, before the heavy imports
     import uvicorn
 
     from cloud.app import create_app, start_services
