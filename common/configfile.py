@@ -6,6 +6,7 @@ Shared by the edge's and the cloud's configuration.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import typing
@@ -84,7 +85,9 @@ def validate(document: ConfigDocument, model: type[Config]) -> Config:
     try:
         return model.model_validate(document.data, context={"base": document.path.parent})
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
+        errors = exc.errors(include_url=False)
+        # A misspelt required key is both unknown and missing: name the misspelling, which is what to fix.
+        first = next((error for error in errors if _meant(error, model)), errors[0])
         raise document.error(first["loc"], _message(first, model)) from None
 
 
@@ -181,10 +184,21 @@ def _message(error: ErrorDetails, model: type[BaseModel]) -> str:
     """pydantic's message, in the words of a config file."""
     if error["type"] == "extra_forbidden":
         allowed = _allowed_keys(model, error["loc"][:-1])
-        return f"unknown key; the keys allowed here are: {', '.join(allowed)}" if allowed else "unknown key"
+        if not allowed:
+            return "unknown key"
+        meant = f" (did you mean {close}?)" if (close := _meant(error, model)) else ""
+        return f"unknown key{meant}; the keys allowed here are: {', '.join(allowed)}"
     if error["type"] == "missing":
         return "required key is missing; add it"
     return error["msg"].removeprefix("Value error, ")
+
+
+def _meant(error: ErrorDetails, model: type[BaseModel]) -> str | None:
+    """For an unknown key, the allowed key it looks like a misspelling of, if any."""
+    if error["type"] != "extra_forbidden":
+        return None
+    close = difflib.get_close_matches(str(error["loc"][-1]), _allowed_keys(model, error["loc"][:-1]), n=1)
+    return close[0] if close else None
 
 
 def _allowed_keys(model: type[BaseModel], loc: Loc) -> list[str]:

@@ -54,6 +54,8 @@ def serve(*args: str) -> subprocess.CompletedProcess:
         ),
         (TOKENS + "zmq: {insecure: true, ingest_port: 15555, publish_port: 15555}\n", "both 15555: give each socket"),
         (TOKENS + GOOD_ZMQ + "port: 15556\n", "and zmq.publish_port are both 15556: give the HTTP server its own"),
+        # It said "zmq: required key is missing", never the misspelt key.
+        (TOKENS + "zqm: {insecure: true}\n", "line 2: zqm: unknown key (did you mean zmq?); the keys allowed here"),
     ],
     ids=[
         "unknown key",
@@ -70,6 +72,7 @@ def serve(*args: str) -> subprocess.CompletedProcess:
         "a secret twice",
         "one ZeroMQ port for both sockets",
         "the HTTP port a ZeroMQ one",
+        "a required key misspelt",
     ],
 )
 def test_a_bad_config_is_one_line_and_exit_code_2(tmp_path: Path, text: str, detail: str) -> None:

@@ -68,15 +68,16 @@ def test_without_defaults_cameras_get_the_built_in_settings(tmp_path: Path) -> N
 def test_an_unknown_top_level_key_names_itself_and_its_line(tmp_path: Path) -> None:
     message = edge_error(tmp_path, EDGE + "stats_intervall: 5\n")
     path = tmp_path / "edge.yaml"
-    assert message.startswith(f"config file {path}, line 14: stats_intervall: unknown key; the keys allowed here are:")
+    expected = f"config file {path}, line 14: stats_intervall: unknown key (did you mean stats_interval?); the keys"
+    assert message.startswith(expected)
     assert "stats_interval" in message and "\n" not in message
 
 
 def test_an_unknown_nested_key_names_its_path_and_line(tmp_path: Path) -> None:
     message = edge_error(tmp_path, EDGE.replace("    fps: null\n", "    fps: null\n    resolutoin: [1, 1]\n"))
-    assert ", line 13: cameras.1.resolutoin: unknown key; the keys allowed here are: pacing, fps, resol" in message
+    assert ", line 13: cameras.1.resolutoin: unknown key (did you mean resolution?); the keys allowed here" in message
     message = edge_error(tmp_path, EDGE + "cloud:\n  address: cloud.example\n  insecure: true\n  windo: 3\n")
-    assert ", line 17: cloud.windo: unknown key; the keys allowed here are: address," in message
+    assert ", line 17: cloud.windo: unknown key (did you mean window?); the keys allowed here are: address," in message
     message = edge_error(tmp_path, EDGE.replace("  fps: 8\n", "  fps: 8\n  source: x\n"))
     assert ", line 5: defaults.source: unknown key" in message
 

@@ -364,7 +364,7 @@ def test_cloud_and_spool_config_sections(tmp_path: Path) -> None:
         load_edge_config(path)
     config["cloud"] = {"address": "cloud.example", "insecure": True, "windo": 3}
     path.write_text(yaml.safe_dump(config))
-    with pytest.raises(FilterForwardError, match=r"cloud.windo: unknown key; the keys allowed here are: address"):
+    with pytest.raises(FilterForwardError, match=r"cloud.windo: unknown key \(did you mean window\?\); the keys"):
         load_edge_config(path)
 
 
