@@ -190,6 +190,12 @@ def test_mot_classes_flags_and_image_folder(tmp_path: Path) -> None:
     assert ds.source == root / "img1" and ds.fps == 30 and ds.frame_size == (100, 80)
     assert ds.labels["left"].tolist() == [1, -1, 0, -1, 1]
     assert mot_dataset(root).labels["person_present"].tolist() == [1, -1, 0, 1, 1]
+    # An image missing from img1 shifted every later frame's labels onto the next image: refused.
+    (root / "img1" / "f3.png").unlink()
+    with pytest.raises(FilterForwardError, match=r"img1 has f4.png as its image 3: MOT names them 1, 2, 3"):
+        mot_dataset(root)
+    _write_images(root / "img3", 1)
+    (root / "img3" / "f1.png").rename(root / "img1" / "f3.png")
     # The same boxes with two columns more: not read as MOT15's layout (every box a pedestrian, the car counted).
     (root / "gt" / "gt.txt").write_text("\n".join(row + ",0,0" for row in rows) + "\n")
     with pytest.raises(FilterForwardError, match=r"gt.txt has 11 columns: MOT ground truth has 9 \(MOT16/17/20"):

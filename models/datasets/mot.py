@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import configparser
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,10 +112,22 @@ def read_gt(path: Path) -> np.ndarray:
     return rows
 
 
+def _check_numbered(folder: Path, images: list[Path]) -> None:
+    """MOT names image i `00000i.jpg` and its boxes say frame i: a missing image would shift every later frame's
+    labels onto the frame after it, so a gap (or a name that is no number) is refused."""
+    for index, image in enumerate(images, start=1):
+        if (numbers := re.findall(r"\d+", image.stem)) == [] or int(numbers[-1]) != index:
+            raise FilterForwardError(
+                f"{folder} has {image.name} as its image {index}: MOT names them 1, 2, 3, ... (000001{image.suffix}), "
+                f"and boxes find their frame by that number; restore image {index} (or the sequence's own names)"
+            )
+
+
 def _find_source(root: Path, info: SeqInfo) -> Path:
     """The sequence's original images (imDir) when present, else its one video file."""
     image_dir = root / info.image_dir
-    if image_dir.is_dir() and image_files(image_dir):
+    if image_dir.is_dir() and (images := image_files(image_dir)):
+        _check_numbered(image_dir, images)
         return image_dir
     videos = [p for p in sorted(root.iterdir()) if is_video(p)]
     if len(videos) == 1:
