@@ -235,6 +235,16 @@ def test_a_video_damaged_part_way_is_said_to_be(
     assert f"only {dataset.n_frames} of the 60 frames its container states decode: the video is damaged" in caplog.text
 
 
+def test_a_column_of_labels_with_a_stray_value_is_said_to_be_no_event(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    labels = "frame_index,a,b\n" + "".join(f"{i},{i % 2},{'' if i == 7 else 1}\n" for i in range(12))
+    with caplog.at_level(logging.WARNING, logger="models.datasets.labelled"):
+        dataset = open_dataset(_image_dataset(tmp_path / "ds", labels))
+    assert dataset.events() == ["a"]  # b was left out silently
+    assert "column 'b' is no event: it holds '' on frame 7 (an event's values are 1, 0 and -1)" in caplog.text
+
+
 def test_rows_past_the_video_are_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     labels = "\ufeffframe_index,a\n" + "".join(f"{i},1\n" for i in range(1, 14))  # 1-based by mistake, BOM
     ds = open_dataset(_image_dataset(tmp_path / "ds", labels))
@@ -288,6 +298,8 @@ def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) ->
         ("frame_index,a\n0,1,3\n", "fps: 10\n", "row 2 has 3 fields"),
         ("frame_index,count\n0,7\n", "fps: 10\n", r"no event column \(.*; 'count' holds '7' on frame 0\)"),
         ("frame_index,car\n0,1\n1,yes\n", "fps: 10\n", "'car' holds 'yes' on frame 1"),
+        # The column meant as the event is named, not a count column before it (which was).
+        ("frame_index,mot_frame,car\n0,1,1\n1,2,0\n2,3,\n3,4,1\n", "fps: 10\n", "'car' holds '' on frame 2\\)"),
         ("frame_index;car\n0;1\n", "fps: 10\n", r"\(it starts 'frame_index;car'\); separate columns with commas"),
         ("", "fps: 10\n", r"first column is 'frame_index' \(it is empty\)"),
         ("frame_index,a\n0,1\n", "fps: 10\nevents: [b]\n", r"lacks the event columns \['b'\]"),

@@ -34,6 +34,7 @@ CONFIG_FILE = "dataset.yaml"
 FRAME_INDEX = "frame_index"
 UNCERTAIN = -1
 EVENT_VALUES = frozenset({"0", "1", "-1"})
+NEAR_EVENT = 0.9  # a column with at least this share of 1/0/-1 values was meant as an event
 _EVENT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -281,6 +282,15 @@ def read_labels(table: Table, n_frames: int, events: list[str] | None = None) ->
     columns = {name: [row[i] for row in rows] for i, name in enumerate(header) if i > 0}
     detected = [n for n, values in columns.items() if set(values) <= EVENT_VALUES and n != CAMERA_FRAME]
     names = events if events is not None else detected
+    if events is None:  # a column of labels with a stray value is data, not an event: say so, not silently
+        for name, values in columns.items():
+            if name not in detected and name != CAMERA_FRAME and _label_share(values) >= NEAR_EVENT:
+                bad = _first_non_label(values)
+                log.warning(
+                    "%s: column %r is no event: it holds %r on frame %d (an event's values are 1, 0 and -1); fix that "
+                    "value to use it as one",
+                    path, name, values[bad], frame_index[bad],
+                )  # fmt: skip
     missing = [name for name in names if name not in columns]
     if missing:
         raise FilterForwardError(f"{path} lacks the event columns {missing} named in {CONFIG_FILE}: add or unlist them")
@@ -354,12 +364,18 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
 
 
 def _first_non_event_value(columns: dict[str, list[str]], frame_index: np.ndarray) -> str:
-    """Where the first column that might have been meant as an event leaves 0/1/-1, as '; NAME holds V on frame F'."""
-    for name, values in columns.items():
-        bad = _first_non_label(values)
-        if name != CAMERA_FRAME and bad is not None:
-            return f"; {name!r} holds {values[bad]!r} on frame {frame_index[bad]}"
-    return ""
+    """Where the column most like an event (most of its values 0/1/-1) leaves them, as '; NAME holds V on frame F'."""
+    candidates = [(name, values) for name, values in columns.items() if name != CAMERA_FRAME and values]
+    if not candidates:
+        return ""
+    name, values = max(candidates, key=lambda candidate: _label_share(candidate[1]))  # the first on a tie
+    bad = _first_non_label(values)
+    return "" if bad is None else f"; {name!r} holds {values[bad]!r} on frame {frame_index[bad]}"
+
+
+def _label_share(values: list[str]) -> float:
+    """The share of the values that are event labels (1, 0, -1)."""
+    return sum(value in EVENT_VALUES for value in values) / len(values) if values else 0.0
 
 
 def _why_not_an_event(path: Path, column: str) -> str:
