@@ -211,7 +211,6 @@ class _Mqtt:
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"filterforward-cloud-{uuid.uuid4().hex[:12]}")
         if config.username is not None:
             client.username_pw_set(config.username, config.password)
-        client.enable_logger(log)
         client.reconnect_delay_set(min_delay=1, max_delay=MQTT_RECONNECT_MAX)
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -198,17 +200,23 @@ def test_notifications_wait_for_a_broker_that_is_down(prefix: str, subscriber: M
     assert notifier.counts["mqtt_published"] == 3
 
 
-def test_unreachable_broker_blocks_neither_publish_nor_close() -> None:
+def test_unreachable_broker_blocks_neither_publish_nor_close(caplog: pytest.LogCaptureFixture) -> None:
     proxy = BrokerProxy()  # never started: every connection is refused
     try:
-        notifier = Notifier(make_config(mqtt_port=proxy.port), PUBLIC_URL, close_wait=0.5)
-        for event_id in range(5):
-            notifier.publish(notification("start", event_id))
-        notifier.close()
+        with caplog.at_level(logging.DEBUG, logger="cloud.notify"):
+            notifier = Notifier(make_config(mqtt_port=proxy.port), PUBLIC_URL, close_wait=0.5)
+            for event_id in range(5):
+                notifier.publish(notification("start", event_id))
+            time.sleep(2.5)  # reconnect attempts (a second apart at first)
+            notifier.close()
     finally:
         proxy.close()
     wait_until(lambda: notifier.counts["mqtt_failed"] == 5)
     assert notifier.counts["mqtt_published"] == 0
+    # One line that says what is wrong; paho's own ("Client is not connected. Socket: None ...") at every retry
+    # came through this logger at ERROR.
+    unreachable = [record for record in caplog.records if "unreachable" in record.getMessage()]
+    assert len(unreachable) == 1 and not [record for record in caplog.records if record.levelno >= logging.ERROR]
 
 
 def test_every_webhook_gets_the_json(webhooks: WebhookServer) -> None:
