@@ -53,10 +53,13 @@ class EventCounts:
 
 @dataclass(frozen=True)
 class SourceFrame:
-    """A stored (matched) frame to copy into a dataset: its row (cloud.db.StoredFrame), its place in its camera's
-    stream, and its JPEG."""
+    """A stored (matched) frame to copy into a dataset: its row (cloud.db.StoredFrame), its camera frame (edge,
+    run, camera, index in the camera's stream), its stream time and its JPEG."""
 
     id: int
+    edge: str
+    run: str
+    camera: str
     camera_frame: int
     timestamp: float
     jpeg: bytes
@@ -250,6 +253,7 @@ class Datasets:
                         )
                     ).all()
                 )
+                held |= _recorded(session, dataset, frames)  # its footage frames: relabelled, not copied again
                 last = session.scalar(select(func.max(DatasetFrame.number)).where(DatasetFrame.dataset == name))
                 first = 0 if last is None else last + 1
                 for frame in frames:
@@ -385,7 +389,7 @@ class Datasets:
             session.add(
                 DatasetFrame(
                     dataset=row.name, number=header.number, camera_frame=header.frame,
-                    timestamp=header.timestamp,
+                    timestamp=header.timestamp, run=header.run,
                 )
             )  # fmt: skip
             row.frames += 1
@@ -395,6 +399,26 @@ class Datasets:
             row.status = "complete"
             return row.name
         return None
+
+
+def _recorded(session: Session, dataset: Dataset, frames: Sequence[SourceFrame]) -> dict[int, int]:
+    """Stored frame id -> number of the dataset's footage frame that is the same camera frame (its edge, camera,
+    run and index), for the frames of the camera the dataset's footage came from."""
+    ours = [frame for frame in frames if (frame.edge, frame.camera) == (dataset.edge_id, dataset.camera)]
+    if not ours:
+        return {}
+    numbers = {
+        (run, camera_frame): number
+        for number, run, camera_frame in session.execute(
+            select(DatasetFrame.number, DatasetFrame.run, DatasetFrame.camera_frame).where(
+                DatasetFrame.dataset == dataset.name,
+                DatasetFrame.run.in_({frame.run for frame in ours}),
+                DatasetFrame.camera_frame.in_([frame.camera_frame for frame in ours]),
+            )
+        )
+    }
+    keys = {frame.id: (frame.run, frame.camera_frame) for frame in ours}
+    return {frame_id: numbers[key] for frame_id, key in keys.items() if key in numbers}
 
 
 def request_id(name: str) -> str:

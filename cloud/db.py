@@ -278,6 +278,7 @@ class DatasetFrame(Base):
         ForeignKey("frames.id", ondelete="SET NULL", name="fk_dataset_frames_source_frame_id"),
         doc="the stored (matched) frame it was copied from: feedback on an event or a missed interval",
     )
+    run: Mapped[str | None] = mapped_column(String(64), doc="footage: the edge run it was recorded in")
 
 
 class Label(Base):

@@ -134,7 +134,9 @@ class Feedback:
                 except (OSError, FilterForwardError) as exc:
                     log.info("frame %d left out of the feedback: %s", frame_id, exc)
                     continue
-                frames.append(SourceFrame(row.id, row.frame_index, row.stream_time, jpeg))
+                frames.append(
+                    SourceFrame(row.id, row.edge_id, row.run, row.camera, row.frame_index, row.stream_time, jpeg)
+                )
         return frames
 
 

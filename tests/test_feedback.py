@@ -21,7 +21,7 @@ from cloud_server import READ_ONLY, READ_WRITE, CloudServer, finish_trainer, job
 
 from cloud.dataset_folders import DatasetFolders
 from cloud.datasets import Datasets, SourceFrame, image_size
-from cloud.db import Dataset, StoredFrame, make_engine, session_factory
+from cloud.db import Dataset, DatasetFrame, StoredFrame, make_engine, session_factory
 from models.datasets import LabelledDataset, write_synthetic
 
 TRAINER_TOKEN = "feedback-test-trainer-token-2468"
@@ -380,7 +380,33 @@ def test_frames_decoded_from_an_odd_sized_cameras_stream_join_at_the_cameras_siz
     image = cv2.resize(coarse, (162, 98), interpolation=cv2.INTER_LINEAR)  # smooth: JPEG keeps it close
     jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 100])[1].tobytes()
     assert image_size(jpeg) == (162, 98)
-    assert datasets.append("odd", "car", 1, [SourceFrame(7, 70, 7.0, jpeg)], "frames of event 1") == 1
+    assert datasets.append("odd", "car", 1, [SourceFrame(7, "e", "r", "c", 70, 7.0, jpeg)], "frames of event 1") == 1
     stored = cv2.imread(str(datasets.folders.image("odd", 0)))
     assert stored.shape == (97, 161, 3)
     assert np.abs(stored.astype(int) - image[:97, :161].astype(int)).mean() < 3  # the top-left part, re-encoded
+
+
+def test_feedback_on_a_frame_the_footage_holds_relabels_it_rather_than_copying_it(tmp_path: Path) -> None:
+    """A filter trained on a camera's footage matches frames of that footage's time too: marked (or missed), such a
+    frame was added again, the same picture in the dataset twice with opposite labels."""
+    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
+    datasets = Datasets(sessions, DatasetFolders(tmp_path / "datasets"))
+    jpeg = cv2.imencode(".jpg", np.full((48, 64, 3), 90, np.uint8))[1].tobytes()
+    with sessions.begin() as session:
+        session.add(Dataset(name="foot", source="footage", status="complete", edge_id="e", camera="c", width=64,
+                            height=48, frames=3, regions={}))  # fmt: skip
+        session.add_all(
+            DatasetFrame(dataset="foot", number=number, camera_frame=70 + number, timestamp=number, run="r")
+            for number in range(3)
+        )
+        for frame_id, run in ((7, "r"), (8, "r2")):  # the footage's run, and a later one (its indices start over)
+            session.add(StoredFrame(id=frame_id, edge_id="e", seq=frame_id, run=run, camera="c", frame_index=71,
+                                    stream_time=7.1, captured_at=datetime.now(UTC), scores={}))  # fmt: skip
+    datasets.set_labels("foot", "car", [(0, 0), (1, 0), (2, 0)])
+    same = SourceFrame(7, "e", "r", "c", 71, 7.1, jpeg)
+    assert datasets.append("foot", "car", 1, [same], "frames of event 1") == 0  # footage frame 1: relabelled
+    later = SourceFrame(8, "e", "r2", "c", 71, 7.1, jpeg)
+    assert datasets.append("foot", "car", 1, [later], "frames of event 2") == 1  # another camera frame: added
+    with sessions() as session:
+        assert datasets.labels(session, "foot")["car"] == {0: 0, 1: 1, 2: 0, 3: 1}
+        assert datasets.frame_count(session, "foot") == 4
