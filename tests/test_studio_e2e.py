@@ -63,8 +63,12 @@ def test_footage_to_deployed_filter_over_rest(site: Site, clip: LabelledDataset)
             body = {"name": "gate", "edge": EDGE, "camera": CAMERA, "every": 0, "duration": 30, "max_frames": 160}
             assert client.post("/api/datasets/footage", json=body).status_code == 201
             wait_until(lambda: client.get("/api/datasets/gate").json()["status"] == "complete", timeout=120)
-            # The person labelling: the clip's ground truth at the camera frames the footage holds.
-            rows = np.loadtxt(site.cloud.config.data_dir / "datasets/gate/labels.csv", delimiter=",", skiprows=1)
+            # The person labelling: the clip's ground truth at the camera frames the footage holds. labels.csv is
+            # rewritten just after the footage's end is stored, so it may lag the status by a moment.
+            frames = client.get("/api/datasets/gate").json()["frames"]
+            csv = site.cloud.config.data_dir / "datasets/gate/labels.csv"
+            wait_until(lambda: len(csv.read_text().splitlines()) == 1 + frames, "labels.csv with every frame")
+            rows = np.loadtxt(csv, delimiter=",", skiprows=1)
             camera_frames = rows.reshape(-1, 2)[:, 1].astype(int)
             truth = clip.labels[EVENT][camera_frames]
             labels = [{"frame": n, "value": int(value)} for n, value in enumerate(truth)]
