@@ -187,6 +187,18 @@ def test_racing_start_ups_migrate_once(db_url: str, engines: list[Engine]) -> No
         assert versions(connection) == [HEAD]
 
 
+def add_dataset(connection: Connection, at: datetime, camera: str | None = None) -> None:
+    """Dataset 'lot' as revision 0004's table holds it: an upload, or footage of edge-1's `camera`."""
+    connection.execute(
+        text(
+            "INSERT INTO datasets (name, source, every, duration, max_frames, status, message, frames, fps, regions,"
+            " created_at, updated_at, edge_id, camera) VALUES ('lot', :source, 0, 0, 0, 'complete', '', 3, 10, '{}',"
+            " :at, :at, :edge, :camera)"
+        ),
+        {"at": at, "source": "footage" if camera else "upload", "edge": "edge-1" if camera else None, "camera": camera},
+    )
+
+
 def test_training_jobs_kept_through_the_upgrade_outlive_their_dataset(db_url: str, engines: list[Engine]) -> None:
     """Revision 0006: a dataset's deletion used to delete its training jobs, deployed ones (a filter's revisions)
     too; the jobs of a database from before it survive the upgrade and then the deletion of their dataset."""
@@ -195,14 +207,7 @@ def test_training_jobs_kept_through_the_upgrade_outlive_their_dataset(db_url: st
     at = datetime(2026, 12, 1, tzinfo=UTC)
     with old.begin() as connection:
         command.upgrade(migrations.alembic_config(connection), "0005")
-        connection.execute(
-            text(
-                "INSERT INTO datasets (name, source, every, duration, max_frames, status, message, frames, fps,"
-                " regions, created_at, updated_at) VALUES ('lot', 'upload', 0, 0, 0, 'complete', '', 3, 10, '{}',"
-                " :at, :at)"
-            ),
-            {"at": at},
-        )
+        add_dataset(connection, at)
         connection.execute(
             text(
                 "INSERT INTO training_jobs (dataset, event, filter_name, options, status, progress, attempts, error,"
@@ -233,14 +238,7 @@ def test_deployed_jobs_of_an_older_database_get_their_deployment_time_and_camera
     at, done = datetime(2026, 12, 1, tzinfo=UTC), datetime(2026, 12, 2, tzinfo=UTC)
     with old.begin() as connection:
         command.upgrade(migrations.alembic_config(connection), "0006")
-        connection.execute(
-            text(
-                "INSERT INTO datasets (name, source, every, duration, max_frames, status, message, frames, fps,"
-                " regions, created_at, updated_at, edge_id, camera) VALUES ('lot', 'footage', 1, 60, 60, 'complete',"
-                " '', 3, 1, '{}', :at, :at, 'edge-1', 'gate')"
-            ),
-            {"at": at},
-        )
+        add_dataset(connection, at, camera="gate")
         for deployed, finished in ((True, done), (False, None)):
             connection.execute(
                 text(
