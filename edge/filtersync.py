@@ -28,7 +28,7 @@ import zmq
 
 from common.protocol import TOPIC, FilterUpdate, ProtocolError, SnapshotEnd, SnapshotRequest, decode
 from edge.filtercache import FilterCache
-from edge.link import CloudSocket, Link, Worker, poll
+from edge.link import CloudSocket, Link, Worker
 from edge.mcbank import MCBank
 from models.filterspec import FilterSpec
 
@@ -101,7 +101,7 @@ class FilterSync:
         cloud = CloudSocket(zmq.SUB, config, config.publish_port, report=False, subscribe=TOPIC)
         try:
             while not self._worker.stopping.is_set():
-                poll([cloud.socket, cloud.monitor.socket, self._worker.reader], config.heartbeat)
+                cloud.wait(config.heartbeat, self._worker.reader)
                 self._worker.clear()
                 if zmq.EVENT_HANDSHAKE_SUCCEEDED in cloud.events():
                     self._request_snapshot("connected")  # the subscription is in place: nothing new is missed

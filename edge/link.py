@@ -128,12 +128,13 @@ class LinkMonitor:
 
 class CloudSocket:
     """A socket connected to the cloud and its monitor, opened afresh REFUSED_RETRY seconds after the cloud refused
-    its key (ZeroMQ does not reconnect then). Poll `socket` and `monitor.socket` as they are after each `events()`."""
+    its key (ZeroMQ does not reconnect then)."""
 
     def __init__(self, kind: int, link: CloudLink, port: int, report: bool = True, subscribe: bytes | None = None):
         self._open_args = (kind, link, port, report)
         self._subscribe = subscribe
         self._retry_at: float | None = None
+        self._poller: zmq.Poller | None = None  # made again for a new socket only
         self.socket, self.monitor = self._open()
 
     def _open(self) -> tuple[zmq.Socket, LinkMonitor]:
@@ -151,9 +152,17 @@ class CloudSocket:
             reported = self.monitor.reported  # one log line per episode, not one per retry
             self.close()
             self.socket, self.monitor = self._open()
-            self.monitor.reported, self._retry_at = reported, None
+            self.monitor.reported, self._retry_at, self._poller = reported, None, None
             log.debug("new connection to %s after the refused key", self.monitor.endpoint)
         return events
+
+    def wait(self, timeout: float, *others: Any) -> None:
+        """Wait up to `timeout` seconds for input on the socket, its monitor or `others` (the same ones every call)."""
+        if self._poller is None:
+            self._poller = zmq.Poller()
+            for source in (self.socket, self.monitor.socket, *others):
+                self._poller.register(source, zmq.POLLIN)
+        self._poller.poll(1000 * timeout)
 
     def next_retry(self) -> float | None:
         """When events() opens a fresh socket (monotonic), if a refused key's retry is pending."""
@@ -284,7 +293,7 @@ class Link:
         self._cloud = CloudSocket(zmq.DEALER, self.config, self.config.ingest_port)
         try:
             while not self._worker.stopping.is_set():
-                poll([self._cloud.socket, self._cloud.monitor.socket, self._worker.reader], self._idle_for())
+                self._cloud.wait(self._idle_for(), self._worker.reader)
                 self._worker.clear()
                 self._connection_events(self._cloud.events())
                 while self._cloud.socket.poll(0):
@@ -451,14 +460,6 @@ class _Session:
         log.warning(
             "cloud at %s unreachable since %s; filtering goes on and matched frames are spooled", self.endpoint, since
         )
-
-
-def poll(sources: list[Any], timeout: float) -> None:
-    """Wait up to `timeout` seconds for input on any of `sources` (ZeroMQ sockets or sockets of the OS)."""
-    poller = zmq.Poller()
-    for source in sources:
-        poller.register(source, zmq.POLLIN)
-    poller.poll(1000 * timeout)
 
 
 def _public_key_file(secret_key: Path) -> Path:
