@@ -2,8 +2,9 @@
 labels and event regions. Rows in the database (cloud.db Dataset, DatasetFrame, Label) are the truth; each
 dataset's folder (cloud.dataset_folders) is rewritten from them after every change, for the CLI and the trainers.
 
-The ingest calls `footage_message` (inside its batch transaction: stored once per (edge, seq)), `footage_status`
-and `pending_requests`; the REST API calls the rest.
+The ingest calls `footage_message` (inside its batch transaction: stored once per (edge, seq)), `footage_complete`
+(after the transaction that completed a dataset, whichever message that was), `footage_status` and
+`pending_requests`; the REST API calls the rest.
 """
 
 from __future__ import annotations
@@ -332,16 +333,10 @@ class Datasets:
 
     # -- the ingest ------------------------------------------------------------------------------------------
 
-    def footage_done(self, edge: str, request: str) -> None:
-        """The edge recorded all of a request: a dataset of every frame gets the rate of the frames' timestamps."""
-        with self._sessions.begin() as session:
-            row = _requested(session, request, edge)
-            if row is None:
-                return
-            if not row.fps:  # every frame was asked for: the camera's rate
-                timestamps = session.scalars(select(DatasetFrame.timestamp).where(DatasetFrame.dataset == row.name))
-                row.fps = _rate(list(timestamps))
-        self.refresh(row.name)
+    def footage_complete(self, name: str) -> None:
+        """A batch of the ingest completed the dataset's footage (committed): its files say so."""
+        self.refresh(name)
+        log.info("dataset %s: all the frames of its footage are stored", name)
 
     def pending_requests(self, edges: Iterable[str]) -> list[tuple[str, FootageRequest]]:
         """The footage requests the edges have not answered yet, as (edge, message)."""
@@ -397,6 +392,9 @@ class Datasets:
                 row.height, row.width = cv2.imdecode(np.frombuffer(payload, np.uint8), 0).shape
         if row.status in ("requested", "recording") and row.expected is not None and row.frames >= row.expected:
             row.status = "complete"
+            if not row.fps:  # every frame was asked for: the camera's rate
+                timestamps = session.scalars(select(DatasetFrame.timestamp).where(DatasetFrame.dataset == row.name))
+                row.fps = _rate(list(timestamps))
             return row.name
         return None
 

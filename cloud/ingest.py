@@ -331,8 +331,8 @@ class Ingest:
                 self._disk_full = False
                 log.info("ingest: storing again; the edges resend what was refused for lack of space")
             acks.append((identity, message.header.seq))
-            if isinstance(message.header, FootageHeader) and message.header.done and self._datasets is not None:
-                self._guarded(self._datasets.footage_done, message.edge, message.header.request)
+        for name in stored.completed:
+            self._guarded(self._datasets.footage_complete, name)
         self._hand_out(stored.notifications)
         return acks
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -97,10 +97,12 @@ Outcome = Literal["stored", "duplicate"] | Exception  # an exception: this messa
 
 @dataclass(frozen=True)
 class Stored:
-    """What `store_many` did: one outcome per message, in order, and the notifications due after the commit."""
+    """What `store_many` did: one outcome per message, in order, the notifications due after the commit and the
+    datasets whose footage the batch completed (their files are rewritten after the commit)."""
 
     outcomes: list[Outcome]
     notifications: list[Notification]
+    completed: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,7 @@ class _Write:
     path: str | None
     uids: list[str]  # the events whose notifications may become due once it is stored
     work: Callable[[Session], None]
+    completed: list[str] = field(default_factory=list)  # a footage message: the dataset its rows completed
 
 
 class _Duplicate(Exception):
@@ -294,8 +297,10 @@ class Storage:
         for outcome in outcomes:
             if not isinstance(outcome, Exception):
                 self._tally("stored" if outcome == "stored" else "duplicates")
-        uids = sorted({uid for write in writes if outcomes[write.index] == "stored" for uid in write.uids})
-        return Stored(outcomes, self._due_where(Event.uid.in_(uids)) if uids else [])
+        stored = [write for write in writes if outcomes[write.index] == "stored"]
+        uids = sorted({uid for write in stored for uid in write.uids})
+        completed = sorted({name for write in stored for name in write.completed})
+        return Stored(outcomes, self._due_where(Event.uid.in_(uids)) if uids else [], completed)
 
     def _store_one(self, message: Message) -> list[Notification]:
         stored = self.store_many([message])
@@ -408,13 +413,14 @@ class Storage:
         dataset is gone."""
         datasets = self._datasets
         wanted = datasets is not None and datasets.write_footage_image(edge, header, payload)
+        completed: list[str] = []
 
         def work(session: Session) -> None:
             _claim(session, edge, header.seq)
-            if wanted and (name := datasets.footage_message(session, edge, header, payload)):
-                log.info("dataset %s: all %d frames of the footage are stored", name, header.frames or 0)
+            name = datasets.footage_message(session, edge, header, payload) if wanted else None
+            completed[:] = [name] if name else []  # assigned, not appended: a retried savepoint runs it again
 
-        return _Write(index, None, [], work)
+        return _Write(index, None, [], work, completed)
 
     def _event(self, index: int, edge: str, header: EventHeader, payload: bytes) -> _Write:
         info = header.event

@@ -13,6 +13,12 @@ import pytest
 from edge_site import CAMERA, EDGE, Site, filterforward, finish, make_site
 from support import wait_until
 
+from cloud.dataset_folders import DatasetFolders
+from cloud.datasets import Datasets
+from cloud.db import Dataset, make_engine, session_factory
+from cloud.framestore import FrameStore
+from cloud.storage import Message, Storage
+from common.protocol import FootageHeader
 from models.datasets import open_dataset, write_synthetic
 
 FPS = 10.0
@@ -94,3 +100,36 @@ def test_footage_request_becomes_a_dataset(site: Site, clip: Path) -> None:
                             "--input-size", "192x128", "--steps", "20", "--out", str(out))  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     assert (out / "spec.json").is_file() and (out / "model.onnx").is_file()
+
+
+def test_footage_completed_by_a_frame_resent_after_its_done_message(tmp_path: Path) -> None:
+    """A frame that failed to store comes back after the request's done message: the batch that stores it completes
+    the dataset, which then gets the camera's rate and a labels.csv of every frame."""
+    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
+    datasets = Datasets(sessions, DatasetFolders(tmp_path / "datasets"))
+    storage = Storage(sessions, FrameStore(tmp_path / "store"), datasets)
+    with sessions.begin() as session:
+        session.add(Dataset(name="gate", source="footage", status="recording", edge_id=EDGE, camera=CAMERA,
+                            request="gate-1a2b", every=0.0, fps=0.0, regions={}))  # fmt: skip
+    jpeg = cv2.imencode(".jpg", np.zeros((48, 64, 3), np.uint8))[1].tobytes()
+
+    def footage(seq: int, number: int, done: bool = False) -> Message:
+        header = FootageHeader(edge=EDGE, run="r", seq=seq, request="gate-1a2b", camera=CAMERA, number=number,
+                               frame=40 + number, timestamp=number / FPS, done=done, frames=3 if done else None,
+                               payload="none" if done else "jpeg")  # fmt: skip
+        return Message(EDGE, header, b"" if done else jpeg)
+
+    first = storage.store_many([footage(1, 0), footage(2, 1), footage(4, 3, done=True)])
+    assert first.outcomes == ["stored"] * 3 and first.completed == []
+    resent = storage.store_many([footage(3, 2)])
+    assert resent.completed == ["gate"]
+    datasets.footage_complete("gate")
+    with sessions() as session:
+        row = datasets.get(session, "gate")
+        assert (row.status, row.frames, row.expected) == ("complete", 3, 3)
+        assert row.fps == pytest.approx(FPS)
+    folder = tmp_path / "datasets" / "gate"
+    camera_frames = np.loadtxt(folder / "labels.csv", delimiter=",", skiprows=1, dtype=int, ndmin=2)[:, -1]
+    assert camera_frames.tolist() == [40, 41, 42]  # every frame, the resent one included
+    assert f"fps: {FPS}" in (folder / "dataset.yaml").read_text()
+    assert storage.store_many([footage(3, 2)]).completed == []  # a duplicate completes nothing again
