@@ -3,14 +3,15 @@ frame (decoded to JPEG once, then kept as the frame's file) or for an event's cl
 
 A fragment decodes from the start of its GOP: the fragments of the same edge run and camera, in seq order,
 back to the last one that starts a GOP. Retention deletes the oldest fragments first, so a GOP whose start is
-gone cannot be decoded any more; that is reported as the image having been removed.
+gone cannot be decoded any more; that is reported as the image having been removed, and an event's clip starts at
+the first GOP it still has (a long event keeps its later part).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from cloud.db import Fragment, StoredFrame
@@ -18,6 +19,8 @@ from cloud.fragments import frame_jpeg, join_mp4
 from cloud.framestore import FrameStore
 from common import fragment as wire
 from models.errors import FilterForwardError
+
+REMOVED = "the start of its stream segment has been removed (retention)"
 
 
 def frame_image(session: Session, store: FrameStore, frame: StoredFrame) -> bytes:
@@ -47,7 +50,8 @@ def frame_crop(session: Session, store: FrameStore, frame: StoredFrame) -> wire.
 
 def event_video(session: Session, store: FrameStore, frames: Sequence[StoredFrame]) -> bytes | None:
     """One MP4 of the stream from the GOP holding the event's first streamed frame through its last one (frames
-    other filters matched in between included); None if none of its frames travelled in the stream."""
+    other filters matched in between included; from the next GOP when retention removed that one's start); None if
+    none of its frames travelled in the stream."""
     ids = {frame.fragment_id for frame in frames if frame.fragment_id is not None}
     if not ids:
         return None
@@ -55,33 +59,42 @@ def event_video(session: Session, store: FrameStore, frames: Sequence[StoredFram
     first, last = rows[0], rows[-1]
     if any((row.edge_id, row.run, row.camera) != (first.edge_id, first.run, first.camera) for row in rows):
         raise FilterForwardError("its frames lie in more than one stream")
-    start = _gop_until(session, first)[0]
-    fragments = session.scalars(
-        select(Fragment)
-        .where(*_same_stream(first), Fragment.seq >= start.seq, Fragment.seq <= last.seq)
-        .order_by(Fragment.seq)
-    ).all()
-    return join_mp4(_read(store, fragments))
+    start_seq = _gop_start(session, first)
+    if start_seq is None:  # retention removed the start of its first GOP: the clip begins at the next one
+        start_seq = session.scalar(
+            select(func.min(Fragment.seq)).where(
+                *_same_stream(first), Fragment.seq > first.seq, Fragment.seq <= last.seq, Fragment.starts_gop
+            )
+        )
+    if start_seq is None:
+        raise FilterForwardError(REMOVED)
+    return join_mp4(_read(store, _stream_part(session, first, start_seq, last.seq)))
 
 
 def _same_stream(row: Fragment) -> tuple:
     return Fragment.edge_id == row.edge_id, Fragment.run == row.run, Fragment.camera == row.camera
 
 
+def _gop_start(session: Session, row: Fragment) -> int | None:
+    """The seq of the fragment that starts `row`'s GOP; None when retention removed it."""
+    return session.scalar(
+        select(func.max(Fragment.seq)).where(*_same_stream(row), Fragment.seq <= row.seq, Fragment.starts_gop)
+    )
+
+
 def _gop_until(session: Session, row: Fragment) -> list[Fragment]:
     """The fragments of `row`'s GOP up to and including it, in seq order."""
-    start_seq = session.scalar(
-        select(Fragment.seq)
-        .where(*_same_stream(row), Fragment.seq <= row.seq, Fragment.starts_gop)
-        .order_by(Fragment.seq.desc())
-        .limit(1)
-    )
-    if start_seq is None:
-        raise FilterForwardError("the start of its stream segment has been removed (retention)")
+    if (start_seq := _gop_start(session, row)) is None:
+        raise FilterForwardError(REMOVED)
+    return _stream_part(session, row, start_seq, row.seq)
+
+
+def _stream_part(session: Session, row: Fragment, first_seq: int, last_seq: int) -> list[Fragment]:
+    """The fragments of `row`'s stream with a seq in [first_seq, last_seq], in seq order."""
     return list(
         session.scalars(
             select(Fragment)
-            .where(*_same_stream(row), Fragment.seq >= start_seq, Fragment.seq <= row.seq)
+            .where(*_same_stream(row), Fragment.seq >= first_seq, Fragment.seq <= last_seq)
             .order_by(Fragment.seq)
         )
     )

@@ -11,10 +11,17 @@ import av
 import cv2
 import numpy as np
 import pytest
+from sqlalchemy import select
 from support import clip_frames
 
+from cloud import streams
+from cloud.db import Fragment as FragmentRow
+from cloud.db import StoredFrame, make_engine, session_factory
 from cloud.fragments import frame_jpeg, join_mp4
+from cloud.framestore import FrameStore
+from cloud.storage import Message, Storage
 from common.fragment import Crop, Fragment, FragmentError, pack, unpack
+from common.protocol import FragmentHeader, FrameHeader
 from edge.encoder import encode_jpeg
 from edge.stream_encoder import LOOKAHEAD, StreamEncoder, encoder_setup, roi_crop
 from models.errors import FilterForwardError
@@ -107,6 +114,36 @@ def test_a_gop_without_its_keyframe_is_refused(frames: list[np.ndarray]) -> None
     fragments, _ = encode(frames, [range(0, 30)])
     with pytest.raises(FilterForwardError, match="must start at a keyframe"):
         join_mp4(fragments[1:])
+
+
+def test_a_long_events_clip_starts_at_the_first_gop_retention_left(frames: list[np.ndarray], tmp_path: Path) -> None:
+    """Retention deletes the oldest fragments while an event goes on: its clip is the part still stored, from the
+    first keyframe left, rather than nothing."""
+    encoder = StreamEncoder(FPS, preset="veryfast", keyframe_interval=2.0, fragment_seconds=1.0)
+    fragments, sent = encode(frames, [range(0, 80)], encoder)
+    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
+    store = FrameStore(tmp_path / "store")
+    storage, seq = Storage(sessions, store), iter(range(1, 1000))
+    for fragment in fragments:  # the edge sends each frame's message before the fragment holding it
+        for entry in fragment.header.frames:
+            header = FrameHeader(edge="e", run="r", seq=next(seq), camera="c", frame=entry.index, timestamp=entry.time,
+                                 wall_time=1.75e9 + entry.time, scores={"f": 0.9}, payload="none")  # fmt: skip
+            storage.store_frame("e", header, b"")
+        header = FragmentHeader(edge="e", run="r", seq=next(seq), camera="c", wall_time=1.75e9)
+        assert storage.store_many([Message("e", header, pack(fragment))]).outcomes == ["stored"]
+    with sessions.begin() as session:  # what retention does to the oldest fragment: its row, then its file
+        oldest = session.scalars(select(FragmentRow).order_by(FragmentRow.seq).limit(1)).one()
+        session.delete(oldest)
+    store.delete(oldest.path)
+    with sessions() as session:
+        rows = session.scalars(select(StoredFrame).order_by(StoredFrame.frame_index)).all()
+        with pytest.raises(FilterForwardError, match="start of its stream segment has been removed"):
+            streams.frame_image(session, store, rows[20])  # in the first GOP, whose keyframe went
+        video = streams.event_video(session, store, rows)
+    with av.open(io.BytesIO(video)) as container:
+        decoded = [p.to_ndarray(format="bgr24") for p in container.decode(video=0)]
+    assert len(decoded) == 80 - 25  # from the second keyframe to the event's last frame
+    assert mean_abs_error(decoded[0], sent[FIRST + 25]) < 6
 
 
 @pytest.mark.parametrize(
