@@ -11,6 +11,15 @@ TEMPORARY = ".tmp-"  # prefix of a file being written; renamed to its name when 
 MAX_NAME = 100  # characters per path part; ids are at most 64, event-derived names stay well below
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # reading it means setting it: done once, at import, before any thread writes files
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()  # what open() would give: mkstemp's 0600 hid reports and frames from other users
+
+
 def safe_name(text: str) -> str:
     """One path part made of [A-Za-z0-9_.-] only that is never '', '.' or '..' (nor a hidden file):
     ids from the wire (event ids hold '/') cannot lead outside their folder."""
@@ -26,6 +35,7 @@ def write_atomically(target: Path, data: bytes) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=TEMPORARY)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as file:
             file.write(data)
             file.flush()

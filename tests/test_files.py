@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,13 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> 
         write_atomically(target, "not bytes")  # type: ignore[arg-type]  # fails inside the write
     assert target.read_bytes() == b"old"
     assert not list(tmp_path.glob(f"{TEMPORARY}*"))
+
+
+def test_a_written_file_gets_the_mode_open_would_give_it(tmp_path: Path) -> None:
+    """Reports, frames and dataset files are read by other users and tools (a web server, a trainer container):
+    the temporary file's private mode must not stick to them."""
+    target = tmp_path / "report.json"
+    write_atomically(target, b"{}")
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(b"{}")
+    assert os.stat(target).st_mode & 0o777 == os.stat(plain).st_mode & 0o777
