@@ -190,6 +190,9 @@ def test_mot_classes_flags_and_image_folder(tmp_path: Path) -> None:
     assert ds.source == root / "img1" and ds.fps == 30 and ds.frame_size == (100, 80)
     assert ds.labels["left"].tolist() == [1, -1, 0, -1, 1]
     assert mot_dataset(root).labels["person_present"].tolist() == [1, -1, 0, 1, 1]
+    for name in ("seqinfo.ini", "gt/gt.txt"):  # saved by a Windows editor: a byte-order mark first
+        (root / name).write_text("\ufeff" + (root / name).read_text(), encoding="utf-8")
+    assert mot_dataset(root).labels["person_present"].tolist() == [1, -1, 0, 1, 1]
     # An image missing from img1 shifted every later frame's labels onto the next image: refused.
     (root / "img1" / "f3.png").unlink()
     with pytest.raises(FilterForwardError, match=r"img1 has f4.png as its image 3: MOT names them 1, 2, 3"):

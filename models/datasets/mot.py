@@ -77,7 +77,7 @@ def read_seqinfo(root: Path) -> SeqInfo:
         raise FilterForwardError(f"{root} has no seqinfo.ini: give a MOTChallenge sequence folder")
     parser = configparser.ConfigParser()
     try:
-        parser.read(path)
+        parser.read(path, encoding="utf-8-sig")  # -sig: an editor on Windows may prepend a BOM
         section = parser["Sequence"]
         return SeqInfo(
             name=section.get("name", root.resolve().name),
@@ -97,7 +97,7 @@ def read_gt(path: Path) -> np.ndarray:
     """gt.txt as a float array with one row per box, in one of the GT_LAYOUTS."""
     if not path.is_file():
         raise FilterForwardError(f"{path} is missing: a MOTChallenge sequence needs gt/gt.txt for labels")
-    text = path.read_text()
+    text = path.read_text(encoding="utf-8-sig")
     if not text.strip():
         return np.empty((0, 10))
     try:
