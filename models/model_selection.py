@@ -83,10 +83,8 @@ class Choice:
     validation: CrossValidation | None  # its cross-validation
 
 
-def choose_kind(
-    dataset: LabelledDataset, config: TrainConfig, model_path: Path | None = None, progress: bool = True
-) -> Choice:
-    """Cross-validate each candidate kind (config's architecture and tap are ignored) and pick the best."""
+def checked_candidates(dataset: LabelledDataset, config: TrainConfig) -> list[TrainConfig]:
+    """The default filter's candidate kinds with the settings of `config`, each checked against the dataset."""
     roi = default_roi(config)
     configs = [
         dataclasses.replace(config, architecture=arch, tap=tap, ensemble=ENSEMBLE, roi=roi, motion_veto=True)
@@ -94,6 +92,14 @@ def choose_kind(
     ]
     for candidate in configs:
         check_config(dataset, candidate)
+    return configs
+
+
+def choose_kind(
+    dataset: LabelledDataset, config: TrainConfig, model_path: Path | None = None, progress: bool = True
+) -> Choice:
+    """Cross-validate each candidate kind (config's architecture and tap are ignored) and pick the best."""
+    configs = checked_candidates(dataset, config)
     start, stop = config.frames or (0, dataset.n_frames)
     requests = [FeatureRequest(c.tap_name, c.roi) for c in configs]
     cached_features(dataset, requests, config.input_size, (start, stop), model_path, progress=progress)

@@ -311,6 +311,10 @@ def test_cli_explains_bad_arguments(
     # Every --event is checked before the first is trained: a typo in the last one costs no work and writes nothing.
     assert main([*base, "--event", "any_object", "--event", "cars"]) == 2
     assert f"{tiny.name} has no event 'cars'; its events are " in capsys.readouterr().err
+    # So are their labels: the last one's range without a positive frame refused the second, after the first's work.
+    assert main([*base, "--event", "any_object", "--event", "red_in_region", "--frames", "0:16"]) == 2
+    expected = "event 'red_in_region' has 0 positive and 16 negative frames in frames 0:16"
+    assert expected in capsys.readouterr().err
     assert [path.name for path in tmp_path.iterdir()] == ["cache"]
     assert [path.name for path in (tmp_path / "cache").iterdir()] == ["frame-counts"]  # no features, no base model
     (tmp_path / "a-file").write_text("")

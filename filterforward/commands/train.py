@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from models.datasets import LabelledDataset
     from models.model_selection import CandidateEstimate
     from models.roi import ROI
-    from models.training import TrainResult
+    from models.training import TrainConfig, TrainResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -162,8 +162,9 @@ def _train(args: argparse.Namespace) -> int:
     if not args.force:  # every one before the first is trained: minutes of work, then a refusal, is worse
         for out in outs.values():
             check_no_bundle(out)
+    configs = {event: _config(args, dataset, event) for event in events}  # each checked before any is trained
     for event, out in outs.items():
-        _train_one(args, dataset, event, out)
+        _train_one(args, dataset, configs[event], out)
     return 0
 
 
@@ -177,12 +178,12 @@ def check_no_bundle(out: Path) -> None:
         )
 
 
-def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, out: Path) -> None:
-    """Train and summarise one MC (MCs after the first on the same tap and ROI reuse the cached features)."""
+def _config(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> TrainConfig:
+    """The event's training settings from the options, checked against the dataset (its labels included)."""
     from filterforward.commands.options import parse_range, parse_scales, parse_size
-    from models.model_selection import CANDIDATES, choose_kind, train_default
+    from models.model_selection import CANDIDATES, checked_candidates
     from models.taps import default_input_size
-    from models.training import TrainConfig, parse_curriculum, train_mc
+    from models.training import TrainConfig, check_config, parse_curriculum
 
     if args.arch == AUTO and args.tap:
         raise FilterForwardError("--tap goes with an explicit --arch: auto chooses the tap itself")
@@ -206,6 +207,19 @@ def _train_one(args: argparse.Namespace, dataset: LabelledDataset, event: str, o
         scales=parse_scales(args.scales) if args.scales else (),
         mirror=args.mirror,
     )
+    if args.arch == AUTO:
+        checked_candidates(dataset, config)
+    else:
+        check_config(dataset, config)
+    return config
+
+
+def _train_one(args: argparse.Namespace, dataset: LabelledDataset, config: TrainConfig, out: Path) -> None:
+    """Train and summarise one MC (MCs after the first on the same tap and ROI reuse the cached features)."""
+    from models.model_selection import choose_kind, train_default
+    from models.training import train_mc
+
+    frames = config.frames
     candidates = []
     if args.arch == AUTO and args.nproc == 1:
         result, candidates = train_default(dataset, config, out, args.base_model)
