@@ -517,3 +517,16 @@ def test_cli_mot_needs_a_mot_folder(tmp_path: Path) -> None:
     (tmp_path / "seq.txt").write_text("not a sequence\n")
     with pytest.raises(FilterForwardError, match=r"seq\.txt is a file, not a folder: give the folder with seqinfo"):
         _cli("dataset", "mot", str(tmp_path / "seq.txt"), "--out", str(tmp_path / "x"))
+
+
+def test_an_image_folder_of_two_sizes_is_refused_in_any_range(tmp_path: Path) -> None:
+    """The dataset's size is its first image's: a range read later whose images share another size is refused too,
+    not trained on as if it were that size."""
+    _write_images(tmp_path / "a", 3, size=(64, 48))
+    _write_images(tmp_path / "b", 3, size=(80, 48))
+    for n, image in enumerate(sorted((tmp_path / "b").iterdir()), start=4):
+        image.rename(tmp_path / "a" / f"f{n}.png")
+    assert probe(tmp_path / "a", fps=10).frame_size == (64, 48)
+    with pytest.raises(FilterForwardError, match=r"f4.png is 80x48, unlike f1.png \(64x48\): all images of a"):
+        list(read_frames(tmp_path / "a", 3, 6))
+    assert len(list(read_frames(tmp_path / "a", 0, 3))) == 3

@@ -104,14 +104,16 @@ def _read_image(path: Path) -> np.ndarray:
 
 
 def _read_images(files: list[Path], start: int, stop: int | None) -> Iterator[tuple[int, np.ndarray]]:
+    """The images of the range, each the size of the folder's first image (the dataset's size, as probed): a range
+    whose images all share another size must not pass for the dataset's."""
     first_shape: tuple[int, ...] | None = None
     for index in range(start, len(files) if stop is None else min(stop, len(files))):
         image = _read_image(files[index])
-        first_shape = first_shape or image.shape
+        first_shape = first_shape or (image.shape if index == 0 else _read_image(files[0]).shape)
         if image.shape != first_shape:
             raise FilterForwardError(
-                f"{files[index]} is {image.shape[1]}x{image.shape[0]}, unlike the frames before it: "
-                "all images of a dataset must have one size"
+                f"{files[index]} is {image.shape[1]}x{image.shape[0]}, unlike {files[0].name} "
+                f"({first_shape[1]}x{first_shape[0]}): all images of a dataset must have one size"
             )
         yield index, image
 
