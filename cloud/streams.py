@@ -28,7 +28,10 @@ def frame_image(session: Session, store: FrameStore, frame: StoredFrame) -> byte
     if frame.path is not None:
         return store.open_path(frame.path).read_bytes()
     if frame.fragment_id is None:
-        raise FilterForwardError("it was sent without an image")
+        raise FilterForwardError(
+            "none came with it: its filter sends a clip instead (encoding: clip), or its edge stopped before the "
+            "stream fragment holding it went out"
+        )
     holding = session.get(Fragment, frame.fragment_id)
     jpeg = frame_jpeg(_read(store, _gop_until(session, holding)), frame.frame_index)
     frame.path = store.write("frames", frame.edge_id, frame.camera, f"{frame.run}-{frame.seq}.jpg", jpeg)

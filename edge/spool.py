@@ -11,7 +11,10 @@ far it got) in the same transaction as a message, so after a crash it neither lo
 
 Seqs never repeat: the next seq is persisted apart from the messages, so it survives an emptied spool,
 and a new spool file starts at the current time in microseconds, so even a deleted spool does not reuse
-the seqs (which the cloud deduplicates on) of the one before it.
+the seqs (which the cloud deduplicates on) of the one before it. A spool file SQLite finds damaged at start (a
+disk fault, a copy cut short) is moved aside beside it, with a line saying how to recover its messages, and a
+new one is started: an edge that filters nothing until someone steps in is worse than the loss of what the
+damaged file held.
 
 The spool is bounded in bytes: an append that takes it over `max_bytes` drops the OLDEST messages and
 counts them in `dropped`; a warning says how many (one per DROP_REPORT_INTERVAL while it keeps dropping,
@@ -45,6 +48,7 @@ from models.errors import FilterForwardError, is_disk_full
 log = logging.getLogger(__name__)
 
 FILE_NAME = "spool.sqlite"
+DAMAGED = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}  # a file SQLite cannot read as a database
 DROP_REPORT_INTERVAL = 30.0  # seconds between warnings while a full spool keeps dropping
 DISK_HEADROOM = 8 * 2**20  # bytes the spool leaves free on its disk: SQLite's WAL (~4 MB) and a checkpoint
 DROP_SLACK = 2**16  # a drop for disk space frees this much more than the new message needs: no page-count creep
@@ -85,11 +89,25 @@ class Spool:
         self._disk_full = False  # in a full-disk episode (reported once)
         self._disk_dropped, self._rejected = 0, 0  # this episode: oldest dropped, new ones not stored
         self._lock = threading.Lock()
+        try:
+            self._open()
+        except sqlite3.DatabaseError as exc:
+            if exc.sqlite_errorcode not in DAMAGED:
+                raise _unusable(self.path, exc) from None
+            _move_aside(self.path, exc)
+            self._open()
+
+    def _open(self) -> None:
+        """Open the file and read its state: a damaged file may pass the open and fail only on the first read."""
         self._db = _connect(self.path)
-        self._next_seq = self._load_next_seq()
-        self._messages, self._bytes = self._db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM messages"
-        ).fetchone()
+        try:
+            self._next_seq = self._load_next_seq()
+            self._messages, self._bytes = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM messages"
+            ).fetchone()
+        except sqlite3.DatabaseError:
+            self._db.close()
+            raise
 
     @property
     def messages(self) -> int:
@@ -354,19 +372,43 @@ def _free_bytes(folder: Path) -> int:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    """The spool's database, its tables made; a damaged file raises sqlite3.DatabaseError (for the caller to move
+    aside), any other failure one line."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, check_same_thread=False, timeout=30, isolation_level=None)
+    except (OSError, sqlite3.Error) as exc:
+        raise _unusable(path, exc) from None
+    try:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("PRAGMA secure_delete=FAST")  # Debian's default (ON) writes every acked byte again, as zeros
         db.executescript(_SCHEMA)
-    except (OSError, sqlite3.Error) as exc:
-        raise FilterForwardError(
-            f"cannot open the spool {path} ({exc}): check spool.path and its permissions"
-        ) from None
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        if exc.sqlite_errorcode in DAMAGED:
+            raise
+        raise _unusable(path, exc) from None
     db.isolation_level = "DEFERRED"  # `with db:` now wraps each write in one transaction
     return db
+
+
+def _unusable(path: Path, exc: Exception) -> FilterForwardError:
+    return FilterForwardError(f"cannot open the spool {path} ({exc}): check spool.path and its permissions")
+
+
+def _move_aside(path: Path, exc: sqlite3.DatabaseError) -> None:
+    """Rename a damaged spool file (and its WAL and shared-memory files) to <name>.damaged-<time>."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for suffix in ("", "-wal", "-shm"):
+        source = path.with_name(path.name + suffix)
+        if source.exists():
+            source.rename(path.with_name(f"{path.name}.damaged-{stamp}{suffix}"))
+    log.error(
+        "spool %s is damaged (%s): moved aside as %s.damaged-%s and started empty; the messages it held are not "
+        "sent (sqlite3 FILE .recover may save some)",
+        path, exc, path.name, stamp,
+    )  # fmt: skip
 
 
 def _pack(frames: Frames) -> bytes:

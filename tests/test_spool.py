@@ -52,6 +52,30 @@ def test_a_new_spool_does_not_reuse_a_deleted_one_s_seqs(tmp_path: Path) -> None
     second.close()
 
 
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_a_damaged_spool_is_moved_aside_and_the_edge_starts_with_an_empty_one(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A disk fault or a copy cut short must not keep the edge from starting (a crash loop that filters nothing):
+    the file is kept beside the new one for recovery, and the new one's seqs do not repeat the old ones."""
+    first = Spool(tmp_path, 10**7)
+    old = [first.append(message(20_000)) for _ in range(40)]
+    first.close()
+    path = tmp_path / FILE_NAME
+    if damage == "truncated":
+        with path.open("r+b") as file:
+            file.truncate(100_000)
+    else:
+        path.write_bytes(b"not a database at all" * 100)
+    spool = Spool(tmp_path, 10**7)
+    assert spool.messages == 0 and spool.append(message()) > max(old)
+    spool.close()
+    (aside,) = tmp_path.glob(f"{FILE_NAME}.damaged-*")
+    assert aside.stat().st_size in (100_000, len(b"not a database at all") * 100)
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "edge.spool"]
+    assert f"spool {path} is damaged" in line and "started empty" in line and ".recover" in line
+
+
 def test_the_header_carries_the_seq_it_is_stored_under_and_resends_are_identical(tmp_path: Path) -> None:
     spool = Spool(tmp_path, 10**6)
     seq = spool.append(message(50))
