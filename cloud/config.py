@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from cloud.notify import CHANNELS
+from common import curve
 from common.configfile import ConfigPath, FolderPath, parse_config, validate
 from models.bundle import MAX_MODEL_BYTES
 
@@ -56,6 +57,11 @@ class ZmqConfig(BaseModel):
                 "or zmq.insecure: true for a loopback test"
             )
         return self
+
+    def check_keys(self) -> None:
+        """The cloud's key file reads as a keypair (one line when not), for `config check`; serving reads it too."""
+        if not self.insecure:
+            curve.load_keypair(self.secret_key)
 
 
 class RetentionConfig(BaseModel):

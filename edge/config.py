@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from common import curve
 from common.configfile import ConfigPath, FolderPath, read_config, resolve
 from common.protocol import ID_PATTERN
 from edge.stream_encoder import FRAGMENT_SECONDS, KEYFRAME_INTERVAL
@@ -156,6 +157,12 @@ class CloudLink(BaseModel):
         if self.ingest_port == self.publish_port:
             raise ValueError(f"ingest_port and publish_port are both {self.ingest_port}; use the cloud's two ports")
         return self
+
+    def check_keys(self) -> None:
+        """The key files read as what they are set as (one line when not): at start, and in `config check`."""
+        if not self.insecure:
+            curve.load_keypair(self.secret_key)
+            curve.load_server_public(self.server_key)
 
     def endpoint(self, port: int) -> str:
         return f"tcp://{self.address}:{port}"

@@ -222,9 +222,7 @@ class Link:
         self.input_size = input_size  # told too: the cloud's trainers train at it
         self.config = config
         self.run = uuid.uuid4().hex[:12]
-        if not config.insecure:  # fail here, in one clear line, rather than in the link's thread
-            curve.load_keypair(config.secret_key)
-            curve.load_server_public(config.server_key)
+        config.check_keys()  # fail here, in one clear line, rather than in the link's thread
         self.filters_version = 0  # set by edge.filtersync; a change goes up in a new Hello
         self.refused = 0  # messages the cloud answered with Error
         self._refusals: set[str] = set()  # Error texts from the cloud, logged once each

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cloud.config import load_cloud_config
+from common.curve import create_keypair
 from edge.config import CameraConfig, EdgeConfig, SinkConfig, load_edge_config
 from edge.node import EdgeNode
 from edge.sources import open_source
@@ -198,6 +199,26 @@ def test_config_check_reports_ok_or_the_one_line_error(
         .err.strip()
         .endswith("line 3: max_upload_bytes: Input should be less than or equal to 16777216")
     )
+
+    # The key files are read as `edge run` and `cloud serve` read them: a config that cannot start is not "ok".
+    create_keypair(tmp_path / "keys", "cloud")
+    create_keypair(tmp_path / "keys", "edge-7")
+    for server_key, message in [
+        ("keys/nope.key", f"key file {tmp_path / 'keys' / 'nope.key'} does not exist"),
+        ("keys/cloud.key_secret", "holds a secret key: give the public .key file"),
+    ]:
+        link = f"cloud: {{address: x, server_key: {server_key}, secret_key: keys/edge-7.key_secret}}\n"
+        keyed = write(tmp_path, EDGE + link, "keyed.yaml")
+        assert main(["config", "check", str(keyed)]) == 2
+        assert message in capsys.readouterr().err
+    link = "cloud: {address: x, server_key: keys/cloud.key, secret_key: keys/edge-7.key_secret}\n"
+    keyed = write(tmp_path, EDGE + link, "keyed.yaml")
+    assert main(["config", "check", str(keyed)]) == 0
+    capsys.readouterr()
+    served = write(tmp_path, "tokens: [{name: ops, token: '${FF_TEST_TOKEN}'}]\n"
+                   "zmq: {secret_key: keys/cloud.key, edge_keys: keys}\n", "served.yaml")  # fmt: skip
+    assert main(["config", "check", str(served)]) == 2
+    assert "holds no secret key: give the .key_secret file" in capsys.readouterr().err
 
     neither = write(tmp_path, "edge_id: x\n", "neither.yaml")
     assert main(["config", "check", str(neither)]) == 2

@@ -76,6 +76,8 @@ def _summary(kind: str, path: Path) -> str:
         from edge.config import load_edge_config
 
         edge = load_edge_config(path)
+        if edge.cloud:
+            edge.cloud.check_keys()
         output = f"cloud {edge.cloud.endpoint(edge.cloud.ingest_port)}" if edge.cloud else f"sink {edge.sink.path}"
         metrics = f", metrics on port {edge.metrics_port}" if edge.metrics_port is not None else ""
         cameras = ", ".join(cam.name for cam in edge.cameras)
@@ -83,6 +85,7 @@ def _summary(kind: str, path: Path) -> str:
     from cloud.config import load_cloud_config
 
     cloud = load_cloud_config(path)
+    cloud.zmq.check_keys()
     return (
         f"HTTP on {cloud.host}:{cloud.port}, ingest port {cloud.zmq.ingest_port}, filter port "
         f"{cloud.zmq.publish_port}, {len(cloud.tokens)} token(s)"
