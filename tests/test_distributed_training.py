@@ -114,3 +114,32 @@ def test_bad_distributed_or_curriculum_options_are_one_line(
     err = capsys.readouterr().err
     assert message in err
     assert err.count("\n") == 1
+
+
+def _train_windowed(rank: int, world_size: int, root: Path, out: Path, model: Path) -> dict[str, tuple]:
+    """Worker body: a windowed MC per compressed optimizer, 60 steps; rank 0's last loss, training-frame event F1
+    and cross-validated estimate."""
+    outcomes = {}
+    for optimizer in OPTIMIZERS[1:]:
+        settings = config(optimizer, architecture="windowed", frames=(0, 150), steps=60, batch_size=32)
+        outcome = train_distributed(TrainingJob(root, settings, out / optimizer, model, progress=False))
+        if (result := outcome.result) is not None:
+            outcomes[optimizer] = (outcome.losses[-1], result.train_scores.f1, result.spec.validation.event_f1)
+    return outcomes
+
+
+def test_a_short_compressed_run_of_a_windowed_mc_converges(
+    feature_cache: Path, base_model: Path, tmp_path: Path
+) -> None:
+    """The variance freezes after 12 of 60 steps; entries whose gradients were tiny until then show |m|/√v̂ in the
+    hundreds afterwards. Through the one scale the 1-bit signs share they once moved every entry by as much: NaN
+    by step 19 with 1-bit Adam (a bundle that fired on every frame), 1-bit LAMB and 0/1 Adam diverged
+    (models.optimizers.base, _average_preconditioned)."""
+    clip = write_synthetic(tmp_path / "clip", n_frames=150, size=SIZE, seed=0)  # any_object twice in 0:150
+    rank0, _ = run_workers(_train_windowed, 2, clip.root, tmp_path / "out", base_model, timeout=600)
+    assert sorted(rank0) == sorted(OPTIMIZERS[1:])  # none diverged (a diverged run writes no bundle)
+    for optimizer, (loss, f1, estimate) in rank0.items():
+        assert loss < 0.5, (optimizer, loss)
+        # 0/1 Adam's local steps leave its fold models weaker on the held-out occurrence here (median score of its
+        # positives 0.17 in one fold): its estimate and operating point are poor, not NaN; the others' are sound.
+        assert optimizer == "zeroone_adam" or (f1 > 0.9 and estimate > 0.9), (optimizer, f1, estimate)

@@ -126,6 +126,15 @@ def adam_step(
     entry.param.addcdiv_(exp_avg, denominator, value=-step_size)
 
 
+def momentum_bound(betas: tuple[float, float]) -> float:
+    """The largest |m|/√v plain Adam can reach, whatever its gradients: by Cauchy-Schwarz over the two exponential
+    averages, (1−β₁)/√((1−β₂)(1−β₁²/β₂)), 7.3 for the default betas (inf when β₁² ≥ β₂: no bound)."""
+    beta1, beta2 = betas
+    if beta1**2 >= beta2:
+        return math.inf
+    return (1 - beta1) / math.sqrt((1 - beta2) * (1 - beta1**2 / beta2))
+
+
 def zero_dead(values: torch.Tensor, dead: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
     """values with the entries at the indices `dead` (see Frozen) set to 0, in place."""
     if dead is not None:
@@ -147,10 +156,12 @@ class Frozen(NamedTuple):
     entries whose gradient was always zero. A sign cannot say 0, so the decompressed value is ±scale
     there; zeroing them keeps those entries at exactly zero (the 1-bit Adam paper's momentum mask).
     Indices, not a boolean mask: they are few, and a masked fill reads the whole mask every time.
+    limit: flat like divisor, the bound each divided value is clamped to before compression (None: none).
     """
 
     divisor: torch.Tensor
     dead: list[tuple[torch.Tensor, ...] | None]
+    limit: torch.Tensor | None = None
 
     def divisors(self, entries: Sequence[Entry]) -> list[torch.Tensor]:
         """The divisor of each entry, shaped like its parameter (views)."""
@@ -269,10 +280,16 @@ class CompressedOptimizer(torch.optim.Optimizer):
         return cached is not None and cached[0] == (key, len(entries))
 
     def _frozen(
-        self, tag: str, key: object, entries: list[Entry], divisor: Callable[[Entry, torch.Tensor], object]
+        self,
+        tag: str,
+        key: object,
+        entries: list[Entry],
+        divisor: Callable[[Entry, torch.Tensor], object],
+        bound: Callable[[Entry], float] | None = None,
     ) -> Frozen:
         """The Frozen constants of `tag` for `key` (built with divisor(entry, out) on first use, then cached
-        until the key changes): the variance they derive from does not change while the key stays."""
+        until the key changes): the variance they derive from does not change while the key stays. bound(entry):
+        the limit of the entry's divided values."""
         if self._frozen_is_current(tag, key, entries):
             return self._frozen_cache[tag][1]
         flat = entries[0].param.new_empty(sum(e.param.numel() for e in entries), dtype=torch.float32)
@@ -281,7 +298,10 @@ class CompressedOptimizer(torch.optim.Optimizer):
             divisor(entry, out)
             zero = self._moments(entry.param)[1] == 0
             dead.append(zero.nonzero(as_tuple=True) if zero.any() else None)
-        frozen = Frozen(flat, dead)
+        limit = None
+        if bound is not None:
+            limit = torch.cat([flat.new_full((e.param.numel(),), bound(e)) for e in entries])
+        frozen = Frozen(flat, dead, limit)
         self._frozen_cache[tag] = ((key, len(entries)), frozen)
         return frozen
 
@@ -312,6 +332,13 @@ class CompressedOptimizer(torch.optim.Optimizer):
         whose max over cells leaves most gradients near zero). Divided by the denominator √v̂ + ε,
         which is identical on every rank, every entry is in units of an Adam step, so the compression
         error and its feedback are too; the average is the same linear function of the inputs.
+
+        Divided, each value is clamped to frozen.limit (momentum_bound: a ratio plain Adam's m/√v never reaches;
+        a gradient clamped to it keeps the momentum it feeds within it too). The variance froze after a short
+        warm-up, so an entry whose gradients were tiny then and are not now shows a ratio of hundreds; through
+        the shared scale that one entry moved EVERY entry by many Adam steps, and a short run blew up (windowed
+        MC, 60 steps, 2 ranks: |m|/√v̂ up to 1080 at the first compressed step, loss NaN by step 19; clamped, it
+        trains as on one rank).
         """
         comm = comm or self.comm
         params = [e.param for e in entries]
@@ -319,7 +346,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         local = unflatten(comm.input_buffer(name, numel, params[0].device), params)
         for entry, out, dead in zip(entries, local, frozen.dead, strict=True):
             zero_dead(fill(entry, out), dead)
-        values, finite = comm.reduce(name, frozen.divisor)
+        values, finite = comm.reduce(name, frozen.divisor, frozen.limit)
         if not finite:
             return None
         averaged = unflatten(values, params)

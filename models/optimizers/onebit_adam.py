@@ -31,6 +31,7 @@ from models.optimizers.base import (
     adam_denominator,
     adam_step,
     apply_direction,
+    momentum_bound,
     require_step_count,
     update_moments,
 )
@@ -137,7 +138,7 @@ class OnebitAdam(FreezingOptimizer):
         name, key = f"momentum/{tag}", (self.freeze_step, tuple(id(entry.param) for entry in entries))
         if not self._frozen_is_current(tag, key, entries):
             comm.reset_errors(name)
-        frozen = self._frozen(tag, key, entries, self._frozen_denominator)
+        frozen = self._frozen(tag, key, entries, self._frozen_denominator, lambda e: momentum_bound(e.group["betas"]))
         directions = self._average_preconditioned(name, entries, frozen, self._local_momentum, comm)
         return Averaged(entries, frozen, directions)
 

@@ -28,6 +28,7 @@ from models.optimizers.base import (
     Params,
     adam_denominator,
     bias_correction,
+    momentum_bound,
     require,
     require_step_count,
     update_moments,
@@ -90,7 +91,7 @@ class OnebitLamb(FreezingOptimizer):
             self._start_compression(entries)
         frozen = self._frozen("denominator", self.freeze_step, entries, self._frozen_denominator)
         # Compressed: m/(√v̂+ε) (in units of Adam steps), times the tensor's scaling coefficient.
-        units = self._frozen("unit", self.freeze_step, entries, self._unit)
+        units = self._frozen("unit", self.freeze_step, entries, self._unit, self._unit_bound)
         averaged = self._average_preconditioned("momentum", entries, units, self._local_momentum)
         if averaged is None:
             return False
@@ -115,6 +116,10 @@ class OnebitLamb(FreezingOptimizer):
     def _frozen_denominator(self, entry: Entry, out: torch.Tensor | None = None) -> torch.Tensor:
         """√v̂ + ε of the variance frozen at the end of the warm-up (into out when given)."""
         return adam_denominator(self._moments(entry.param)[1], entry.group, self.freeze_step, out=out)
+
+    def _unit_bound(self, entry: Entry) -> float:
+        """The limit of m/unit: Adam's bound on |m|/√v, times the tensor's scaling coefficient."""
+        return momentum_bound(entry.group["betas"]) * self.state[entry.param]["scaling"]
 
     def _unit(self, entry: Entry, out: torch.Tensor) -> None:
         """What the momentum is divided by before compression: √v̂+ε over the tensor's scaling coefficient."""

@@ -37,6 +37,7 @@ from models.optimizers.base import (
     all_finite,
     bias_correction,
     fires,
+    momentum_bound,
     require_step_count,
     schedule_events,
     unflatten,
@@ -131,6 +132,7 @@ class ZeroOneAdam(CompressedOptimizer):
             count,
             entries,
             lambda e, out: adam_denominator(self._moments(e.param)[1], e.group, count, out=out),
+            lambda e: momentum_bound(e.group["betas"]),
         )
 
     def _local_step(self, step: int, entries: list[Entry]) -> None:
@@ -160,6 +162,8 @@ class ZeroOneAdam(CompressedOptimizer):
             exp_avg = self._moments(entry.param)[0].lerp_(entry.grad, 1 - entry.group["betas"][0])
             zero_dead(exp_avg, dead)
             torch.div(exp_avg, denominator, out=direction).div_(bias_correction(entry.group["betas"][0], step))
+            bound = momentum_bound(entry.group["betas"])  # a frozen variance gone stale must not fling the entry
+            direction.clamp_(-bound, bound)
             entry.param.add_(direction, alpha=-lr)
             state["accumulated_update"].add_(direction, alpha=lr)
 
