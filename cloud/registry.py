@@ -115,6 +115,7 @@ class Registry:
                 )
             if onnx is None:  # the stored model must still fit the new spec (tap, ROI, input size)
                 self._check_model(spec, row.onnx)
+                _check_same_polygon(FilterSpec.model_validate(row.spec), spec)
             stored = int(row.spec.get("version", 1))
             if stored >= MAX_VERSION:
                 raise RegistryError(
@@ -205,3 +206,14 @@ def _existing(session: Session, name: str) -> Filter:
     if row is None:
         raise RegistryError(404, f"no filter named '{name}': list the filters with GET /api/filters")
     return row
+
+
+def _check_same_polygon(stored: FilterSpec, spec: FilterSpec) -> None:
+    """A polygon region is built into the model as its mask (models.microclassifiers): a new one without a new
+    model would change only the change gate and the veto, not what the filter matches."""
+    if stored.roi.polygon != spec.roi.polygon:
+        raise RegistryError(
+            422,
+            f"filter '{spec.name}' was trained for another region polygon, which its model holds as its mask: "
+            "retrain the MC for the new polygon and send its model with the spec",
+        )

@@ -282,6 +282,20 @@ REFUSALS = [
         422,
         "retrain the MC",
     ),
+    (  # same box (the whole frame), so the crop fits: it was taken, and the edges kept matching the old region
+        "update to another polygon without a model",
+        "put",
+        "/api/filters/existing",
+        json.dumps(
+            {
+                **spec_for("existing").model_dump(mode="json"),
+                "roi": {"polygon": [[0, 0], [1, 0], [1, 0.03], [0.03, 0.03], [0.03, 1], [0, 1]]},
+            }
+        ),
+        None,
+        422,
+        "trained for another region polygon, which its model holds as its mask",
+    ),
     (
         "update with a corrupt model",
         "put",
