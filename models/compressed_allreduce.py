@@ -322,9 +322,12 @@ class CompressedAllreduce:
         return self._buffers(name, numel, torch.device(device)).padded[:numel]
 
     @torch.no_grad()
-    def reduce(self, name: str, divisor: torch.Tensor | None = None, limit: torch.Tensor | None = None) -> Reduced:
+    def reduce(
+        self, name: str, divisor: torch.Tensor | None = None, limits: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> Reduced:
         """The compressed average over ranks of input_buffer(name) (divided elementwise by divisor first, in
-        the same pass that adds the error feedback, and clamped elementwise to ±limit after the division: the
+        the same pass that adds the error feedback, and clamped elementwise to limits = (low, high) after the
+        division, the bounds made once by the caller rather than negated on every call: the
         one scale all signs share is then not set by a few huge entries). The values are a view valid until the
         next reduce(name).
 
@@ -342,15 +345,15 @@ class CompressedAllreduce:
         chunk = errors.average.numel()
         x[n_elements:].zero_()  # the previous call used x as scratch
         real = x[:n_elements]  # the padding stays 0 (its error is always 0)
-        if limit is None and divisor is not None:  # x/d + e_w in one pass
+        if limits is None and divisor is not None:  # x/d + e_w in one pass
             torch.addcdiv(errors.worker[:n_elements], real, divisor.reshape(-1), out=real)
         else:  # the clamp comes between the division and the error feedback
             if divisor is not None:
                 real.div_(divisor.reshape(-1))
-            if limit is not None:
+            if limits is not None:
                 if not _all_finite(real):
                     real.fill_(math.nan)  # the clamp would make an inf finite: the average must still say it
-                torch.clamp(real, -limit, limit, out=real)
+                torch.clamp(real, *limits, out=real)
             real.add_(errors.worker[:n_elements])
 
         # Worker: compress x + e_w and route chunk r of the signs (with our scale) to rank r.

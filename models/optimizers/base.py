@@ -156,12 +156,13 @@ class Frozen(NamedTuple):
     entries whose gradient was always zero. A sign cannot say 0, so the decompressed value is ±scale
     there; zeroing them keeps those entries at exactly zero (the 1-bit Adam paper's momentum mask).
     Indices, not a boolean mask: they are few, and a masked fill reads the whole mask every time.
-    limit: flat like divisor, the bound each divided value is clamped to before compression (None: none).
+    limits: (low, high), flat like divisor, the range each divided value is clamped to before compression
+    (None: none).
     """
 
     divisor: torch.Tensor
     dead: list[tuple[torch.Tensor, ...] | None]
-    limit: torch.Tensor | None = None
+    limits: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def divisors(self, entries: Sequence[Entry]) -> list[torch.Tensor]:
         """The divisor of each entry, shaped like its parameter (views)."""
@@ -298,10 +299,11 @@ class CompressedOptimizer(torch.optim.Optimizer):
             divisor(entry, out)
             zero = self._moments(entry.param)[1] == 0
             dead.append(zero.nonzero(as_tuple=True) if zero.any() else None)
-        limit = None
+        limits = None
         if bound is not None:
-            limit = torch.cat([flat.new_full((e.param.numel(),), bound(e)) for e in entries])
-        frozen = Frozen(flat, dead, limit)
+            high = torch.cat([flat.new_full((e.param.numel(),), bound(e)) for e in entries])
+            limits = (-high, high)
+        frozen = Frozen(flat, dead, limits)
         self._frozen_cache[tag] = ((key, len(entries)), frozen)
         return frozen
 
@@ -333,7 +335,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         which is identical on every rank, every entry is in units of an Adam step, so the compression
         error and its feedback are too; the average is the same linear function of the inputs.
 
-        Divided, each value is clamped to frozen.limit (momentum_bound: a ratio plain Adam's m/√v never reaches;
+        Divided, each value is clamped to frozen.limits (momentum_bound: a ratio plain Adam's m/√v never reaches;
         a gradient clamped to it keeps the momentum it feeds within it too). The variance froze after a short
         warm-up, so an entry whose gradients were tiny then and are not now shows a ratio of hundreds; through
         the shared scale that one entry moved EVERY entry by many Adam steps, and a short run blew up (windowed
@@ -346,7 +348,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         local = unflatten(comm.input_buffer(name, numel, params[0].device), params)
         for entry, out, dead in zip(entries, local, frozen.dead, strict=True):
             zero_dead(fill(entry, out), dead)
-        values, finite = comm.reduce(name, frozen.divisor, frozen.limit)
+        values, finite = comm.reduce(name, frozen.divisor, frozen.limits)
         if not finite:
             return None
         averaged = unflatten(values, params)
