@@ -32,6 +32,7 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    true,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.ext.hybrid import hybrid_property
@@ -113,6 +114,7 @@ class Fragment(Base):
         Index("ix_fragments_stream", "edge_id", "run", "camera", "seq"),
         # The fragment that holds a frame whose message came after it (cloud.storage).
         Index("ix_fragments_stream_last_frame", "edge_id", "run", "camera", "last_frame"),
+        Index("ix_fragments_stream_gop", "edge_id", "run", "camera", "gop", "part"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -121,6 +123,11 @@ class Fragment(Base):
     run: Mapped[str] = mapped_column(String(64))
     camera: Mapped[str] = mapped_column(String(64))
     starts_gop: Mapped[bool] = mapped_column(Boolean)
+    gop: Mapped[int | None] = mapped_column(BigInteger, doc="its GOP's number in the stream (None: an older edge)")
+    part: Mapped[int | None] = mapped_column(Integer, doc="its place in the GOP, 0 holding the keyframe")
+    playable: Mapped[bool] = mapped_column(
+        Boolean, default=True, server_default=true(), doc="every part of its GOP before it is stored: it decodes"
+    )
     first_frame: Mapped[int] = mapped_column(BigInteger)
     last_frame: Mapped[int] = mapped_column(BigInteger)
     received_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)

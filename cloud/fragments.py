@@ -23,12 +23,16 @@ JPEG_QUALITY = 3  # FFmpeg's mjpeg qscale (2 best .. 31 worst): about OpenCV's q
 def _units(fragments: Sequence[Fragment]) -> Iterator[tuple[FrameEntry, bytes]]:
     if not fragments or not fragments[0].starts_gop:
         raise FilterForwardError("stored fragments must start at a keyframe: no clip or frame can be made from them")
-    gop = fragments[0].header.gop
+    gop, part = fragments[0].header.gop, -1
     for fragment in fragments:
+        header = fragment.header
         if fragment.starts_gop:
-            gop = fragment.header.gop
-        elif fragment.header.gop != gop:
-            raise FilterForwardError(f"fragment of GOP {fragment.header.gop} stored without its keyframe")
+            gop = header.gop
+        elif header.gop != gop:
+            raise FilterForwardError(f"fragment of GOP {header.gop} stored without its keyframe")
+        elif header.part is not None and header.part != part + 1:  # None: an edge that predates parts
+            raise FilterForwardError(f"fragment part {header.part} of GOP {gop} stored without part {part + 1}")
+        part = header.part if header.part is not None else part
         yield from zip(fragment.header.frames, fragment.units, strict=True)
 
 

@@ -43,7 +43,7 @@ from cloud.db import (
     utcnow,
 )
 from cloud.framestore import DiskFull, FrameStore
-from common.fragment import unpack
+from common.fragment import FrameEntry, unpack
 from common.protocol import EventHeader, FootageHeader, FragmentHeader, FrameHeader, Hello, Stats
 from models import errors
 
@@ -226,6 +226,42 @@ def _merge_event(event: Event, header: EventHeader, clip: str | None, clip_size:
         event.clip_path, event.clip_size = clip, clip_size
 
 
+def _same_gop(row: Fragment) -> tuple[ColumnElement[bool], ...]:
+    return (
+        Fragment.edge_id == row.edge_id,
+        Fragment.run == row.run,
+        Fragment.camera == row.camera,
+        Fragment.gop == row.gop,
+    )
+
+
+def _follows_its_gop(session: Session, row: Fragment) -> bool:
+    """Whether every part of `row`'s GOP before it is stored and playable (so it decodes). A fragment without a
+    part (an older edge) is taken as playable, as it was before parts existed."""
+    if not row.part:
+        return True
+    return bool(
+        session.scalar(
+            select(exists().where(*_same_gop(row), Fragment.part == row.part - 1, Fragment.playable))
+        )
+    )
+
+
+def _link_frames(session: Session, row: Fragment, entries: Sequence[FrameEntry]) -> None:
+    """Point the stored frames whose pictures `row` holds at it."""
+    session.execute(
+        update(StoredFrame)
+        .where(
+            StoredFrame.edge_id == row.edge_id,
+            StoredFrame.run == row.run,
+            StoredFrame.camera == row.camera,
+            StoredFrame.frame_index.in_([entry.index for entry in entries]),
+            StoredFrame.fragment_id.is_(None),
+        )
+        .values(fragment_id=row.id)
+    )
+
+
 def _close_abandoned(session: Session, edge: str, run: str) -> list[int]:
     """Close the open events of the edge's runs other than `run` (a killed edge never sends their ends); returns
     their ids."""
@@ -379,8 +415,10 @@ class Storage:
 
     def _fragment(self, index: int, edge: str, header: FragmentHeader, payload: bytes) -> _Write:
         """The fragment's file and row; the frames it holds that are stored already (the edge sends a frame's
-        message before its fragment) point at it; one that comes later finds it (`_fragment_holding`)."""
-        entries = unpack(payload).header.frames
+        message before its fragment) point at it; one that comes later finds it (`_fragment_holding`). A fragment
+        stored without the parts of its GOP before it (a full edge spool dropped them) is kept but not playable:
+        its frames get no image until the missing parts arrive (a resend), if ever."""
+        stream = unpack(payload).header
         path = self._store.write("fragments", edge, header.camera, f"{header.run}-{header.seq}.frag", payload)
 
         def work(session: Session) -> None:
@@ -390,27 +428,49 @@ class Storage:
                 seq=header.seq,
                 run=header.run,
                 camera=header.camera,
-                starts_gop=entries[0].keyframe,
-                first_frame=entries[0].index,
-                last_frame=entries[-1].index,
+                starts_gop=stream.frames[0].keyframe,
+                gop=stream.gop,
+                part=stream.part,
+                first_frame=stream.frames[0].index,
+                last_frame=stream.frames[-1].index,
                 path=path,
                 size=len(payload),
             )
+            row.playable = _follows_its_gop(session, row)
             session.add(row)
             session.flush()
-            session.execute(
-                update(StoredFrame)
-                .where(
-                    StoredFrame.edge_id == edge,
-                    StoredFrame.run == header.run,
-                    StoredFrame.camera == header.camera,
-                    StoredFrame.frame_index.in_([entry.index for entry in entries]),
-                    StoredFrame.fragment_id.is_(None),
+            if not row.playable:
+                log.warning(
+                    "camera %s of edge %s: stream fragment %d of GOP %d came without the one before it (dropped by "
+                    "the edge's full spool?): its frames have no image",
+                    row.camera,
+                    edge,
+                    row.part,
+                    row.gop,
                 )
-                .values(fragment_id=row.id)
-            )
+                return
+            _link_frames(session, row, stream.frames)
+            self._play_the_rest_of_its_gop(session, row)
 
         return _Write(index, path, [], work)
+
+    def _play_the_rest_of_its_gop(self, session: Session, row: Fragment) -> None:
+        """The later parts of `row`'s GOP that arrived before it (a resend) decode now: mark them playable and
+        link their frames."""
+        while row.part is not None:
+            later = session.scalars(
+                select(Fragment).where(*_same_gop(row), Fragment.part == row.part + 1, not_(Fragment.playable))
+            ).first()
+            if later is None:
+                return
+            try:
+                entries = unpack(self._store.open_path(later.path).read_bytes()).header.frames
+            except (OSError, errors.FilterForwardError) as exc:  # deleted by retention, or unreadable
+                log.warning("stream fragment %s cannot be read (%s): its frames stay without image", later.path, exc)
+                return
+            later.playable = True
+            _link_frames(session, later, entries)
+            row = later
 
     def _fragment_holding(self, session: Session, frame: StoredFrame) -> int | None:
         """The stored fragment whose pictures include the frame's, for a frame message that arrives after its
@@ -429,8 +489,8 @@ class Storage:
             .order_by(Fragment.last_frame)
             .limit(1)
         ).first()
-        if candidate is None or candidate.first_frame > frame.frame_index:
-            return None
+        if candidate is None or candidate.first_frame > frame.frame_index or not candidate.playable:
+            return None  # an unplayable one links its frames when it becomes playable
         try:
             entries = unpack(self._store.open_path(candidate.path).read_bytes()).header.frames
         except (OSError, errors.FilterForwardError) as exc:  # deleted by retention, or unreadable: no image

@@ -2,7 +2,8 @@
 frame (decoded to JPEG once, then kept as the frame's file) or for an event's clip (joined, not re-encoded).
 
 A fragment decodes from the start of its GOP: the fragments of the same edge run and camera, in seq order,
-back to the last one that starts a GOP. Retention deletes the oldest fragments first, so a GOP whose start is
+back to the last one that starts a GOP (a fragment stored without an earlier part of its GOP is not playable:
+cloud.storage). Retention deletes the oldest fragments first, so a GOP whose start is
 gone cannot be decoded any more; that is reported as the image having been removed, and an event's clip starts at
 the first GOP it still has (a long event keeps its later part).
 """
@@ -29,8 +30,8 @@ def frame_image(session: Session, store: FrameStore, frame: StoredFrame) -> byte
         return store.open_path(frame.path).read_bytes()
     if frame.fragment_id is None:
         raise FilterForwardError(
-            "none came with it: its filter sends a clip instead (encoding: clip), or its edge stopped before the "
-            "stream fragment holding it went out"
+            "none came with it: its filter sends a clip instead (encoding: clip), its edge stopped before the "
+            "stream fragment holding it went out, or the edge's full spool dropped part of its stream segment"
         )
     holding = session.get(Fragment, frame.fragment_id)
     jpeg = frame_jpeg(_read(store, _gop_until(session, holding)), frame.frame_index)
@@ -71,7 +72,8 @@ def event_video(session: Session, store: FrameStore, frames: Sequence[StoredFram
         )
     if start_seq is None:
         raise FilterForwardError(REMOVED)
-    return join_mp4(_read(store, _stream_part(session, first, start_seq, last.seq)))
+    playable = [row for row in _stream_part(session, first, start_seq, last.seq) if row.playable]
+    return join_mp4(_read(store, playable))  # a GOP cut short by a lost fragment ends early
 
 
 def _same_stream(row: Fragment) -> tuple:

@@ -3,9 +3,10 @@
 The edge encodes the frames its filters match, per camera, as one inter-frame-coded H.264 stream (Annex B,
 parameter sets repeated at every keyframe) and cuts it into fragments of about a second. A fragment holds
 whole access units in decoding order; it may depend on the earlier fragments of its GOP (`gop`, counted per
-camera from the edge's start), never on another GOP. Its bytes are a 4-byte big-endian header length, a
-UTF-8 JSON header (`FragmentHeader`) and the access units back to back, sized by the header. With the camera's
-`upload: {crop: roi}` the pictures show only a part of the camera's frame (`crop`, fixed for a GOP).
+camera from the edge's start; `part`, its place in the GOP), never on another GOP. Its bytes are a 4-byte
+big-endian header length, a UTF-8 JSON header (`FragmentHeader`) and the access units back to back, sized by the
+header. With the camera's `upload: {crop: roi}` the pictures show only a part of the camera's frame (`crop`, fixed
+for a GOP).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class Crop(BaseModel):
 class FragmentHeader(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     gop: int = Field(ge=0, lt=2**63)
+    # 0 for the GOP's first fragment (its keyframe), then 1, 2...: a receiver can tell a lost fragment of the GOP
+    # (without the ones before it, a fragment does not decode). None from edges that predate it.
+    part: int | None = Field(None, ge=0, lt=2**31)
     width: int = Field(ge=2, le=16384, multiple_of=2)
     height: int = Field(ge=2, le=16384, multiple_of=2)
     fps: str = Field(pattern=r"^[1-9][0-9]{0,5}/[1-9][0-9]{0,4}$")  # the encoder's frame rate, exact

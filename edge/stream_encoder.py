@@ -76,6 +76,7 @@ class StreamEncoder:
         self._context: VideoCodecContext | None = None
         self._frame_size = self._size = (0, 0)  # the camera's frames; the encoded (even) size
         self._gop = -1  # counted from this encoder's start: an edge restart starts a new GOP
+        self._part = 0  # the next fragment's place in its GOP
         self._crop: Crop | None = None  # the part of the camera's frame this GOP shows (None: all of it)
         self._keyframe_time = -np.inf
         self._force_keyframe = True
@@ -115,6 +116,7 @@ class StreamEncoder:
         width, height = self._size
         header = FragmentHeader(
             gop=self._gop,
+            part=self._part,
             width=width,
             height=height,
             fps=f"{self.fps.numerator}/{self.fps.denominator}",
@@ -123,6 +125,7 @@ class StreamEncoder:
         )
         fragment = Fragment(header, tuple(self._units))
         self._entries, self._units = [], []
+        self._part += 1
         return [fragment]
 
     def finish(self) -> list[Fragment]:
@@ -141,7 +144,7 @@ class StreamEncoder:
             frame = self._pending.popleft()
             if frame.starts_gop:
                 closed += self.cut()  # a fragment never spans two GOPs
-                self._gop += 1
+                self._gop, self._part = self._gop + 1, 0
             unit = bytes(packet)
             self._entries.append(
                 FrameEntry(index=frame.index, time=frame.time, keyframe=packet.is_keyframe, size=len(unit))

@@ -123,11 +123,15 @@ def event(
     )
 
 
-def fragment(seq: int, *indices: int) -> Message:
-    """A stream-fragment message holding the pictures of the frames `indices` (stand-in access units)."""
-    entries = [FrameEntry(index=index, time=index / 10, keyframe=n == 0, size=3) for n, index in enumerate(indices)]
+def fragment(seq: int, *indices: int, gop: int = 0, part: int | None = None) -> Message:
+    """A stream-fragment message holding the pictures of the frames `indices` (stand-in access units); it starts
+    its GOP unless it is a later `part` of it."""
+    entries = [
+        FrameEntry(index=index, time=index / 10, keyframe=n == 0 and not part, size=3)
+        for n, index in enumerate(indices)
+    ]
     stream = StreamFragment(
-        StreamHeader(gop=0, width=64, height=48, fps="10/1", frames=entries), (b"h26",) * len(entries)
+        StreamHeader(gop=gop, part=part, width=64, height=48, fps="10/1", frames=entries), (b"h26",) * len(entries)
     )
     return Message(EDGE, FragmentHeader(edge=EDGE, run=RUN, seq=seq, camera=CAMERA, wall_time=T0), pack(stream))
 
@@ -613,3 +617,26 @@ def test_a_frame_whose_fragment_came_first_points_at_it(storage: Storage, sessio
     first, second = (f.id for f in sorted(rows(sessions, Fragment), key=lambda f: f.seq))
     by_seq = {f.seq: f.fragment_id for f in rows(sessions, StoredFrame)}
     assert by_seq == {1: first, 2: first, 4: None, 5: first, 6: second}
+
+
+def test_a_fragment_stored_without_the_one_before_it_gives_its_frames_no_image_until_that_one_comes(
+    storage: Storage, sessions: sessionmaker
+) -> None:
+    """A full edge spool drops its oldest messages, which can be a GOP's first fragment (its keyframe) or one in
+    the middle; the later fragments of that GOP cannot be decoded, so their frames must not offer an image."""
+    for seq, index in enumerate([10, 11, 12, 13, 14, 15, 20], start=1):
+        storage.store_frame(EDGE, frame(seq, index=index, payload="none"), b"")
+    storage.store_many([fragment(20, 10, 11, gop=0, part=0)])
+    storage.store_many([fragment(22, 14, 15, gop=0, part=2)])  # part 1 not (yet) here
+    storage.store_many([fragment(30, 20, gop=1, part=1)])  # GOP 1's first fragment was dropped for good
+    storage.store_frame(EDGE, frame(31, index=21, payload="none"), b"")  # resent after its unplayable fragment
+
+    def images() -> dict[int, bool]:
+        return {f.frame_index: f.has_image for f in rows(sessions, StoredFrame)}
+
+    assert images() == {10: True, 11: True, 12: False, 13: False, 14: False, 15: False, 20: False, 21: False}
+    # (has_image is what the event listing's image and thumbnail URLs and the thumbnail's choice go by)
+    storage.store_many([fragment(21, 12, 13, gop=0, part=1)])  # the missing part, resent at last
+    assert images() == {10: True, 11: True, 12: True, 13: True, 14: True, 15: True, 20: False, 21: False}
+    playable = {(f.gop, f.part): f.playable for f in rows(sessions, Fragment)}
+    assert playable == {(0, 0): True, (0, 1): True, (0, 2): True, (1, 1): False}

@@ -68,7 +68,7 @@ def test_fragments_close_after_about_a_second_and_keyframes_start_each_event(fra
     assert sorted(len(f.header.frames) for f in fragments) == [4, 9, 13, 13, 13, 13]
     keyframes = [e.index for f in fragments for e in f.header.frames if e.keyframe]
     assert keyframes == [FIRST, FIRST + 45]  # one per event start, none inside a 3 s event
-    assert [f.header.gop for f in fragments] == [0, 0, 0, 1, 1, 1]
+    assert [(f.header.gop, f.header.part) for f in fragments] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     assert [e.index for f in fragments for e in f.header.frames] == sorted(sent)
 
 
@@ -114,6 +114,12 @@ def test_a_gop_without_its_keyframe_is_refused(frames: list[np.ndarray]) -> None
     fragments, _ = encode(frames, [range(0, 30)])
     with pytest.raises(FilterForwardError, match="must start at a keyframe"):
         join_mp4(fragments[1:])
+
+
+def test_a_gop_missing_a_fragment_in_the_middle_is_refused(frames: list[np.ndarray]) -> None:
+    fragments, _ = encode(frames, [range(0, 30)])
+    with pytest.raises(FilterForwardError, match="part 2 of GOP 0 stored without part 1"):
+        join_mp4([fragments[0], fragments[2]])
 
 
 def test_a_long_events_clip_starts_at_the_first_gop_retention_left(frames: list[np.ndarray], tmp_path: Path) -> None:
