@@ -279,7 +279,15 @@ class Ingest:
     def _dispatch(
         self, identity: bytes, frame: zmq.Frame, edge: str, header: Any, payload: bytes, batch: _Pass
     ) -> None:
-        self.last_heard.heard(edge)
+        if self.last_heard.heard(edge, identity):
+            self._log_once(
+                ("shared", edge),
+                "two edge processes send as edge %s (from %s and another connection at once): the cloud takes them "
+                "for one edge, so its stats mix and each restart closes the other's events; give each edge box its "
+                "own edge_id and keypair",
+                edge,
+                _property(frame, "Peer-Address") or "?",
+            )
         match header:
             case FrameHeader() | EventHeader() | FragmentHeader() | FootageHeader():
                 batch.messages.append((identity, Message(edge, header, payload)))

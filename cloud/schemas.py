@@ -72,6 +72,11 @@ class EdgeOut(BaseModel):
         description="filters that target it but were trained on another base model or input size: its MC bank "
         "refuses them"
     )
+    shared_id: bool = Field(
+        False,
+        description="two edge processes sent as this edge within the last minute (a copied edge_id and key): give "
+        "each its own",
+    )
 
 
 class CameraOut(BaseModel):

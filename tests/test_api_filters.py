@@ -498,6 +498,26 @@ def say_hello(
         context.destroy(linger=0)
 
 
+def test_two_edge_processes_with_one_edge_id_are_flagged(cloud: CloudServer) -> None:
+    context = zmq.Context()
+    try:
+        dealers = [context.socket(zmq.DEALER) for _ in range(2)]  # two boxes started from one copied config
+        for dealer in dealers:
+            dealer.connect(f"tcp://127.0.0.1:{cloud.config.zmq.ingest_port}")
+        for _ in range(4):
+            for dealer in dealers:
+                dealer.send_multipart(encode(Heartbeat(sender="edge-twin")))
+                assert dealer.poll(30_000), "the ingest did not answer"
+                dealer.recv_multipart()
+    finally:
+        context.destroy(linger=0)
+    with cloud.client() as client:
+        assert client.get("/api/edges/edge-twin").json()["shared_id"] is True
+        assert {edge["id"]: edge["shared_id"] for edge in client.get("/api/edges").json()}["edge-twin"] is True
+    lines = [line for line in cloud.log_text().splitlines() if "two edge processes send as edge edge-twin" in line]
+    assert len(lines) == 1, lines
+
+
 def post_spec(
     client: httpx.Client, name: str, cameras: list[str], base_model: BaseModelId | None, onnx: bytes
 ) -> httpx.Response:

@@ -290,6 +290,31 @@ def test_heartbeat_hello_and_event_notifications(make_cloud) -> None:
         assert (edge.run, edge.filters_version, edge.public_key) == (RUN, 4, None)
 
 
+def test_two_processes_sending_as_one_edge_are_told_apart_from_a_reconnect(
+    make_cloud, caplog: pytest.LogCaptureFixture
+) -> None:
+    cloud = make_cloud()
+
+    def beat(client: Client, edge: str = EDGE) -> None:
+        client.send(Heartbeat(sender=edge))
+        assert isinstance(client.recv()[0], Heartbeat)  # handled in this order
+
+    for _ in range(3):  # an edge that reconnects three times: each new connection replaces the last
+        client = cloud.client()
+        beat(client, "edge-reconnecting")
+        beat(client, "edge-reconnecting")
+        client.socket.close()
+    first, second = cloud.client(), cloud.client()  # a copied config: two live processes, one edge id
+    with caplog.at_level(logging.WARNING, logger="cloud.ingest"):
+        for _ in range(4):
+            beat(first)
+            beat(second)
+    assert cloud.ingest.last_heard.shared(EDGE)
+    assert not cloud.ingest.last_heard.shared("edge-reconnecting")
+    [warning] = [r.getMessage() for r in caplog.records if "two edge processes" in r.getMessage()]
+    assert f"send as edge {EDGE}" in warning and "own edge_id and keypair" in warning
+
+
 def test_a_message_that_fails_to_store_is_not_acked_and_its_resend_is(make_cloud) -> None:
     cloud = make_cloud()
     frames_dir = cloud.store.root / "frames"

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from cloud.auth import require
 from cloud.base_models import mismatches, size_mismatches, stored_specs
 from cloud.db import Camera, Edge
+from cloud.liveness import LastHeard
 from cloud.metrics import online_cutoff
 from cloud.routers import ConfigDep, LastHeardDep, SessionDep, not_found
 from cloud.schemas import CameraOut, EdgeOut, errors
@@ -24,12 +25,7 @@ def list_edges(session: SessionDep, config: ConfigDep, last_heard: LastHeardDep)
     cameras = _camera_names(session)
     refused = _refused_filters(session)
     cutoff = online_cutoff(config)
-    return [
-        edge_out(
-            edge, last_heard.latest(edge.id, edge.last_seen), cameras.get(edge.id, []), refused.get(edge.id, []), cutoff
-        )
-        for edge in edges
-    ]
+    return [edge_out(edge, last_heard, cameras.get(edge.id, []), refused.get(edge.id, []), cutoff) for edge in edges]
 
 
 @router.get("/edges/{edge_id}")
@@ -39,7 +35,7 @@ def get_edge(edge_id: str, session: SessionDep, config: ConfigDep, last_heard: L
         raise not_found(f"no edge '{edge_id}' has connected: list the known edges with GET /api/edges")
     cameras = _camera_names(session, edge_id).get(edge_id, [])
     refused = _refused_filters(session, edge_id).get(edge_id, [])
-    return edge_out(edge, last_heard.latest(edge_id, edge.last_seen), cameras, refused, online_cutoff(config))
+    return edge_out(edge, last_heard, cameras, refused, online_cutoff(config))
 
 
 @router.get("/cameras")
@@ -61,8 +57,9 @@ def list_cameras(session: SessionDep, config: ConfigDep, last_heard: LastHeardDe
     ]
 
 
-def edge_out(edge: Edge, last_seen: datetime, cameras: list[str], refused: list[str], cutoff: datetime) -> EdgeOut:
-    """`last_seen`: when it was last heard, stored or in memory (cloud.liveness)."""
+def edge_out(edge: Edge, last_heard: LastHeard, cameras: list[str], refused: list[str], cutoff: datetime) -> EdgeOut:
+    """Its last_seen is when it was last heard, stored or in memory (cloud.liveness)."""
+    last_seen = last_heard.latest(edge.id, edge.last_seen)
     return EdgeOut(
         id=edge.id,
         online=last_seen >= cutoff,
@@ -73,6 +70,7 @@ def edge_out(edge: Edge, last_seen: datetime, cameras: list[str], refused: list[
         cameras=cameras,
         base_model=edge.base_model,
         refused_filters=refused,
+        shared_id=last_heard.shared(edge.id),
     )
 
 
