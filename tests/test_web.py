@@ -226,6 +226,9 @@ def test_live_stats_and_events_without_reload(page: Page, cloud: CloudConfig) ->
     # Filtering by camera asks the server again; clearing it brings both back.
     page.get_by_label("Camera", exact=True).fill("cam-9")
     expect(card).to_have_count(0)
+    expect(page.get_by_test_id("events-status")).to_have_text(
+        'No events match camera "cam-9": "Show all" lists every event.'
+    )
     page.get_by_label("Camera", exact=True).fill("")
     expect(card).to_have_count(2)
 
@@ -301,3 +304,97 @@ def test_a_bundles_spec_fills_the_form_and_keeps_what_the_form_has_no_field_for(
     expect(message).to_have_class("message error")
     expect(message).to_contain_text("notes.json is not JSON")
     assert api(cloud, "DELETE", "/api/filters/walkway-copy").status_code == 204
+
+
+def test_forget_and_a_refused_token_clear_what_was_shown(page: Page, cloud: CloudConfig, tmp_path: Path) -> None:
+    """Nothing a previous token read stays on screen once the token is forgotten or a wrong one is given."""
+    from cloud.db import make_engine, session_factory
+    from cloud.framestore import FrameStore
+    from cloud.storage import Storage
+    from common.protocol import EventHeader, EventInfo, Hello
+    from models.datasets import write_synthetic
+
+    storage = Storage(session_factory(make_engine(cloud.db_url)), FrameStore(cloud.data_dir / "frames"))
+    storage.edge_hello("edge-forget", Hello(edge="edge-forget", run="run-forget", cameras=["cam-forget"]), None)
+    info = EventInfo(id="ev-forget", filter="seen", camera="cam-forget", start_frame=1, start_time=0.1, peak_score=0.9)
+    header = EventHeader(edge="edge-forget", run="run-forget", seq=1, phase="start", wall_time=time.time(), event=info)
+    storage.store_event("edge-forget", header, b"")
+    clip = write_synthetic(tmp_path / "clip", n_frames=5, size=(64, 64)).root / "video.mp4"
+    files = {"video": ("clip.mp4", clip.read_bytes())}
+    assert api(cloud, "POST", "/api/datasets/upload", data={"name": "seen"}, files=files).status_code == 201
+    connection = page.get_by_test_id("connection")
+    views = [page.get_by_test_id(id) for id in ("edge-row", "camera-row", "event-card", "dataset-row")]
+    views.append(page.locator("#stats-strip > div"))
+
+    def expect_shown(shown: bool) -> None:
+        for rows in views:
+            if shown:
+                expect(rows.first).to_be_visible()
+            else:
+                expect(rows).to_have_count(0)
+
+    sign_in(page, TOKEN)
+    expect_shown(True)
+    expect(connection).to_have_text("Connected")
+    page.get_by_test_id("dataset-label").click()
+    expect(page.get_by_test_id("studio")).to_be_visible()
+    page.get_by_test_id("token-clear").click()
+    expect_shown(False)
+    expect(page.get_by_test_id("studio")).to_be_hidden()
+    expect(connection).to_have_text("Not signed in")
+
+    sign_in(page, TOKEN)
+    expect_shown(True)
+    sign_in(page, "not-a-valid-token-at-all-000")
+    expect_shown(False)
+    expect(connection).to_have_text("Token refused")
+    expect(page.get_by_test_id("auth-error")).to_contain_text("Not signed in")
+    assert api(cloud, "DELETE", "/api/datasets/seen").status_code == 204
+
+
+def test_a_spec_json_with_a_field_of_the_wrong_shape_is_refused_naming_it(page: Page, tmp_path: Path) -> None:
+    sign_in(page, TOKEN)
+    message = page.get_by_test_id("filter-form-message")
+    notes = tmp_path / "notes.json"
+    notes.write_text("{not json")
+    page.get_by_test_id("f-spec").set_input_files(str(notes))
+    expect(message).to_contain_text("notes.json is not JSON")
+    bad = tmp_path / "spec.json"
+    bad.write_text('{"name": "gate", "architecture": "full_frame", "tap": "late", "cameras": "cam-1"}')
+    page.get_by_test_id("f-spec").set_input_files(str(bad))
+    expect(message).to_have_text(
+        'spec.json is not a valid filter spec: "cameras" must be a list of camera names, not "cam-1"'
+    )
+    expect(message).to_have_class("message error")
+    expect(page.get_by_label("Name", exact=True)).to_have_value("")  # the form is left as it was
+
+
+def test_a_long_filter_name_leaves_the_event_badge_one_line_high(page: Page, cloud: CloudConfig) -> None:
+    from cloud.db import make_engine, session_factory
+    from cloud.framestore import FrameStore
+    from cloud.storage import Storage
+    from common.protocol import EventHeader, EventInfo
+
+    storage = Storage(session_factory(make_engine(cloud.db_url)), FrameStore(cloud.data_dir / "frames"))
+    name = "a-filter-whose-name-is-long-enough-to-wrap"
+    info = EventInfo(id="ev-long", filter=name, camera="cam-long", start_frame=1, start_time=0.1, peak_score=0.9)
+    header = EventHeader(edge="edge-long", run="run-long", seq=1, phase="start", wall_time=time.time(), event=info)
+    storage.store_event("edge-long", header, b"")  # an edge of its own: (edge, seq) is stored once
+    sign_in(page, TOKEN)
+    card = page.get_by_test_id("event-card").filter(has_text=name)
+    heading = card.locator("h3").bounding_box()
+    badge = card.get_by_test_id("event-state").bounding_box()
+    assert heading["height"] > 1.8 * badge["height"], (heading, badge)  # the name wraps; the badge does not stretch
+
+
+def test_the_page_has_an_icon_that_needs_no_request(page: Page) -> None:
+    """Browsers that show icons ask for /favicon.ico unless the page names one (headless Chromium asks for none)."""
+    icon = page.locator('link[rel="icon"]')
+    expect(icon).to_have_attribute("href", re.compile(r"^data:image/svg\+xml,"))
+    decoded = """href => new Promise(done => {
+        const image = new Image();
+        image.onload = () => done(image.naturalWidth);
+        image.onerror = () => done(0);
+        image.src = href;
+    })"""
+    assert page.evaluate(decoded, icon.get_attribute("href")) > 0

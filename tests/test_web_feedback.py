@@ -220,7 +220,8 @@ def test_feedback_from_the_gallery_a_new_revision_and_a_rollback(
             page.keyboard.press("ArrowRight")
     wait_shown(page, target)
     truth = int(clip.labels[EVENT][target])
-    page.keyboard.press(KEYS[truth])  # labelled: it is no longer proposed once a job is shown again
+    page.keyboard.press(KEYS[truth])  # labelled: it is proposed no more
+    expect(improve.get_by_test_id("uncertain-frames").locator(f'[data-frame="{target}"]')).to_have_count(0)
     expect(page.get_by_test_id("save-state")).to_have_text("All labels saved.")
     assert labels(cloud)[target] == truth
     counts = rest(cloud, "GET", f"/api/datasets/{DATASET}").json()["events"][EVENT]
@@ -266,6 +267,9 @@ def test_feedback_from_the_gallery_a_new_revision_and_a_rollback(
     )
     expect(revisions.last.get_by_test_id("revision-current")).to_be_visible()
     expect(revisions.first.get_by_test_id("revision-rollback")).to_be_visible()
+    expect(page.get_by_test_id("deploy-message")).to_have_text(  # the training panel shows the second job
+        f"Filter {FILTER} runs job {first} now: Deploy again puts this one back."
+    )
     assert rest(cloud, "GET", f"/api/filters/{FILTER}/model").content == job_model(cloud, first)
     listed = rest(cloud, "GET", f"/api/filters/{FILTER}/revisions").json()
     assert [(r["job"], r["current"]) for r in listed] == [(second, False), (first, True)]
@@ -295,3 +299,36 @@ def test_an_events_frames_marked_one_by_one(page: Page, cloud: CloudServer, firs
     )
     # The event's four frames are the first the feedback added to the dataset (after its 120 own frames).
     assert [labels(cloud).get(frame) for frame in range(120, 124)] == [1, 0, 0, 0]
+
+
+def test_a_deleted_filters_revisions_say_so_and_a_rollback_asks_first(
+    page: Page, cloud: CloudServer, first_job: dict[str, Any]
+) -> None:
+    """Rolling back a deleted filter would register it again: the page asks, and a refusal leaves it deleted."""
+    page.locator(f'[data-testid="dataset-row"][data-name="{DATASET}"]').get_by_test_id("dataset-label").click()
+    page.get_by_test_id("studio-event").fill(EVENT)
+    page.get_by_test_id("studio-event").press("Enter")
+    expect(page.get_by_test_id("revision-current")).to_have_count(1)
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator(f'[data-testid="filter-row"][data-name="{FILTER}"]').get_by_test_id("filter-delete").click()
+    expect(page.get_by_test_id("revisions-deleted")).to_be_visible()  # the panel is read again
+    expect(page.get_by_test_id("revision-current")).to_have_count(0)
+    expect(page.get_by_test_id("deploy-message")).to_have_text(
+        f"Filter {FILTER} was deleted: Deploy again registers it."
+    )
+
+    asked: list[str] = []
+    message = page.get_by_test_id("revisions-message")
+    revision = page.get_by_test_id("revision").first
+    job_id = revision.get_attribute("data-job")
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    revision.get_by_test_id("revision-rollback").click()
+    expect(message).to_have_text(f"Not rolled back: {FILTER} was deleted and stays deleted.")
+    assert asked == [f"Filter {FILTER} was deleted. Register it again with job {job_id}'s model?"]
+    assert rest(cloud, "GET", f"/api/filters/{FILTER}").status_code == 404
+
+    page.once("dialog", lambda dialog: dialog.accept())  # asked again, and accepted: registered again
+    revision.get_by_test_id("revision-rollback").click()
+    expect(message).to_have_text(f"Rolled {FILTER} back to job {job_id}: the edges take it within seconds.")
+    assert rest(cloud, "GET", f"/api/filters/{FILTER}").status_code == 200
+    expect(page.get_by_test_id("revisions-deleted")).to_have_count(0)

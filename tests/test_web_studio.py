@@ -154,6 +154,17 @@ def test_datasets_are_listed_uploaded_requested_and_deleted(page: Page, cloud: C
         assert rest(cloud, "GET", f"/api/datasets/{name}").status_code == 404
 
 
+def test_an_upload_of_one_frame_says_so_without_a_rate(page: Page, cloud: CloudServer, clip: Path) -> None:
+    form = page.get_by_test_id("upload-form")
+    page.get_by_text("Upload a recorded clip").click()
+    form.get_by_label("Name of the dataset").fill("one-frame")
+    form.get_by_label("Keep a frame every (s)").fill("3600")  # one frame of the 9 s clip, at 1/3600 fps
+    form.get_by_label("Video clip").set_input_files(str(clip))
+    form.get_by_test_id("upload-submit").click()
+    expect(page.get_by_test_id("upload-message")).to_have_text("Uploaded one-frame: 1 frame.")
+    assert rest(cloud, "DELETE", "/api/datasets/one-frame").status_code == 204
+
+
 def test_labelling_by_keyboard_and_drawing_a_region(page: Page, cloud: CloudServer, clip: Path) -> None:
     upload(cloud, clip, "labelling")
     page.reload()

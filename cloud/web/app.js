@@ -29,9 +29,14 @@ function localPath(url) {
   return parsed.pathname + parsed.search;
 }
 
+// An answer to a request sent with a token the page no longer holds (Forget, or another token given meanwhile): never
+// shown, so the previous session's data cannot come back after the views were cleared.
+const TOKEN_CHANGED = -1;
+
 /** One API call with the bearer token; `json` is sent as a JSON body, `body` as it is (e.g. FormData). */
 async function api(path, { method = "GET", body, json, as = "json" } = {}) {
-  const headers = { Authorization: `Bearer ${storedToken()}` };
+  const token = storedToken();
+  const headers = { Authorization: `Bearer ${token}` };
   if (json !== undefined) {
     headers["Content-Type"] = "application/json";
     body = JSON.stringify(json);
@@ -40,10 +45,11 @@ async function api(path, { method = "GET", body, json, as = "json" } = {}) {
   try {
     response = await fetch(localPath(path), { method, body, headers });
   } catch (err) {
-    setConnection(false);
+    setConnection("down");
     throw new ApiError(0, `cannot reach the server (${err.message}); check that filterforward cloud serve is running`);
   }
-  setConnection(true);
+  if (storedToken() !== token) throw new ApiError(TOKEN_CHANGED, "the token changed meanwhile");
+  setConnection(response.status === 401 ? "refused" : "live"); // 403: a token without the scope, still signed in
   if (!response.ok) throw new ApiError(response.status, await errorDetail(response));
   if (as === "blob") return response.blob();
   return response.status === 204 ? null : response.json();
@@ -132,11 +138,19 @@ function setMessage(id, text, isError = false) {
   node.setAttribute("role", isError ? "alert" : "status");
 }
 
-function setConnection(ok) {
+const CONNECTION = {
+  live: "Connected",
+  down: "Server unreachable",
+  refused: "Token refused",
+  signedOut: "Not signed in",
+};
+
+/** The indicator at the top: one of CONNECTION's states. */
+function setConnection(state) {
   const node = byId("connection");
-  node.textContent = ok ? "Connected" : "Server unreachable";
-  node.classList.toggle("live", ok);
-  node.classList.toggle("down", !ok);
+  node.textContent = CONNECTION[state];
+  node.classList.toggle("live", state === "live");
+  node.classList.toggle("down", state !== "live");
 }
 
 function showAuthError(text) {
@@ -184,6 +198,7 @@ async function refreshFilters() {
   const rows = filters.map(filterRow);
   byId("filters-body").replaceChildren(...(rows.length ? rows : [emptyRow(10, "No filters registered yet.")]));
   setOptions(byId("filter-names"), filters.map((filter) => filter.name));
+  document.dispatchEvent(new Event("filters-changed")); // the studio's revisions panel reads them again (studio.js)
 }
 
 function filterRow(filter) {
@@ -292,6 +307,11 @@ async function loadSpecFile(event) {
     setMessage("filter-form-message", `${file.name} holds no filter spec: choose a bundle's spec.json`, true);
     return;
   }
+  const problem = specProblem(spec);
+  if (problem) {
+    setMessage("filter-form-message", `${file.name} is not a valid filter spec: ${problem}`, true);
+    return;
+  }
   fillForm(input.form, spec);
   loadedSpec = spec;
   setMessage("filter-form-message", `Filled from ${file.name}: choose the bundle's model.onnx and register it.`);
@@ -299,6 +319,36 @@ async function loadSpecFile(event) {
 
 function isObject(value) {
   return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+const isText = (value) => typeof value === "string";
+const isNumber = (value) => typeof value === "number" && Number.isFinite(value);
+const listOf = (fits, length) => (value) =>
+  Array.isArray(value) && value.every(fits) && (length === undefined || value.length === length);
+
+// What fillForm reads from a spec, with the shape it needs; a file that gets one wrong is refused before the form
+// changes (the server validates everything else).
+const SPEC_FIELDS = [
+  ["name", "a text", isText],
+  ["event", "a text", isText],
+  ["cameras", "a list of camera names", listOf(isText)],
+  ["tap", "a text", isText],
+  ["input_size", "a list of two numbers [width, height]", listOf(isNumber, 2)],
+  ["window", "a number", isNumber],
+  ["roi", "an object", isObject],
+  ["smoothing", "an object", isObject],
+  ["encoding", "an object", isObject],
+];
+
+/** The first field of `spec` fillForm cannot take, as one line naming it; "" when none. */
+function specProblem(spec) {
+  for (const [field, shape, fits] of SPEC_FIELDS) {
+    const value = spec[field];
+    if (value === undefined || value === null || fits(value)) continue;
+    const given = JSON.stringify(value);
+    return `"${field}" must be ${shape}, not ${given.length > 40 ? `${given.slice(0, 40)}…` : given}`;
+  }
+  return "";
 }
 
 function fillForm(form, spec) {
@@ -509,7 +559,13 @@ async function refreshEvents() {
   }
   for (const event of items) upsertEvent(event, gallery.loaded);
   gallery.loaded = true;
-  setStatus("events-status", gallery.entries.size ? "" : "No events yet; they appear here as edges report them.");
+  setStatus("events-status", gallery.entries.size ? "" : noEventsText());
+}
+
+function noEventsText() {
+  if (!gallery.query) return "No events yet; they appear here as edges report them.";
+  const asked = [...new URLSearchParams(gallery.query)].map(([name, value]) => `${name} "${value}"`).join(" and ");
+  return `No events match ${asked}: "Show all" lists every event.`;
 }
 
 async function loadOlderEvents() {
@@ -790,8 +846,9 @@ async function loadThumbnail(entry) {
     entry.thumbBox.replaceChildren(image);
     entry.thumb = "done";
   } catch (err) {
-    // A missing image (e.g. removed by retention) stays missing; an outage or auth problem is retried next poll.
-    entry.thumb = err.status === 0 || isAuthError(err) ? "none" : "failed";
+    // A missing image (e.g. removed by retention) stays missing; an outage, an auth problem or an answer to the
+    // token given before (TOKEN_CHANGED) is retried next poll.
+    entry.thumb = err.status <= 0 || isAuthError(err) ? "none" : "failed";
     entry.thumbBox.textContent = "image unavailable";
     entry.thumbBox.title = err.message;
   }
@@ -868,6 +925,7 @@ let pollAgain = false;
 
 async function pollOnce() {
   if (!storedToken()) {
+    setConnection("signedOut");
     showAuthError("Enter a bearer token (top right) to see this cloud's filters, edges and events.");
     return;
   }
@@ -878,17 +936,36 @@ async function pollOnce() {
     if (result.status === "fulfilled") return;
     const statusId = SECTIONS[index][0];
     const err = result.reason;
+    if (err.status === TOKEN_CHANGED) return; // the poll after this one speaks for the new token
     if (isAuthError(err)) {
       authProblem = authProblem || `${err.status === 401 ? "Not signed in" : "Not allowed"}: ${err.message}`;
     } else {
       errors.set(statusId, errors.get(statusId) || err.message);
     }
   });
+  if (authProblem) clearViews(); // what is shown was read with a token that reads nothing now
   for (const [statusId, message] of errors) {
     if (message) setStatus(statusId, message, true);
     else if (byId(statusId).classList.contains("error")) setStatus(statusId, "");
   }
   showAuthError(authProblem);
+}
+
+/** Empties every view of the cloud's data (Forget, or a refused token): no earlier session's data stays on screen.
+ * The next poll with a token that reads fills them again. */
+function clearViews() {
+  filtersSignature = "";
+  for (const id of ["filters-body", "edges-body", "cameras-body", "stats-strip", "mi-camera"]) {
+    byId(id).replaceChildren();
+  }
+  for (const id of ["filter-names", "camera-names"]) {
+    byId(id).replaceChildren();
+    delete byId(id).dataset.values;
+  }
+  for (const [statusId] of SECTIONS) setStatus(statusId, "");
+  resetGallery();
+  for (const id of ["mark-dialog", "clip-dialog"]) byId(id).close();
+  document.dispatchEvent(new Event("signed-out")); // the studio's views (studio.js)
 }
 
 /** Runs one poll now (or right after the one in flight), then every POLL_MS; never two at once. */
@@ -938,6 +1015,7 @@ function init() {
   byId("token-clear").addEventListener("click", () => {
     localStorage.removeItem(TOKEN_KEY);
     tokenInput.value = "";
+    clearViews();
     pollNow();
   });
   byId("filter-form").addEventListener("submit", registerFilter);

@@ -70,6 +70,16 @@ function refreshDatasetsNow() {
   pollNow();
 }
 
+/** Signed out (app.js clearViews): the datasets, the footage form's edges and the open dataset go; labels not saved
+ * yet stay queued and are sent once a token is given again. */
+function clearStudioViews() {
+  closeStudio();
+  Object.assign(datasetList, { byName: new Map(), signature: "", loaded: false, stale: true });
+  byId("datasets-body").replaceChildren();
+  footageEdges = [];
+  for (const id of ["fo-edge", "fo-camera"]) byId(id).replaceChildren();
+}
+
 function datasetRow(dataset) {
   const label = el(
     "button",
@@ -201,8 +211,15 @@ async function uploadClip(event) {
     form.elements.name.value = "";
     form.elements.video.value = "";
     refreshDatasetsNow();
-    return `Uploaded ${dataset.name}: ${fmt.count(dataset.frames)} frames at ${fmt.number(dataset.fps, 1)} fps.`;
+    return `Uploaded ${dataset.name}: ${plural(dataset.frames, "frame")}${rateText(dataset)}.`;
   });
+}
+
+/** " at 5.0 fps" (or ", one every 60 s"), or "" where a rate says nothing: one frame, or none known. */
+function rateText(dataset) {
+  const fps = dataset.fps;
+  if (dataset.frames < 2 || typeof fps !== "number" || !(fps > 0)) return "";
+  return fps >= 0.1 ? ` at ${fmt.number(fps, 1)} fps` : `, one every ${fmt.number(1 / fps, 0)} s`;
 }
 
 /** Runs `action` with the form's submit button disabled; its answer (or the server's refusal) in `messageId`. */
@@ -326,6 +343,9 @@ function closeStudio() {
   studio.event = "";
   studio.draft = [];
   stopTrainingPoll();
+  training.job = null;
+  revisionsOf.filter = "";
+  for (const id of ["training", "revisions"]) byId(id).replaceChildren();
   byId("studio").hidden = true;
 }
 
@@ -369,6 +389,8 @@ async function chooseEvent(event) {
   byId("training").replaceChildren();
   byId("revisions").replaceChildren();
   setMessage("revisions-message", "");
+  revisionsOf.filter = "";
+  training.job = null;
   training.previous = null;
   stopTrainingPoll();
   renderAll();
@@ -398,6 +420,7 @@ async function loadLabels(generation) {
     return false;
   }
   renderAll();
+  refreshImprove();
   return true;
 }
 
@@ -524,6 +547,7 @@ function labelKey(value, run) {
     else studio.labels.set(frame, value);
   }
   queueLabels(studio.dataset.name, studio.event, frames, value);
+  refreshImprove();
   studio.anchor = null;
   if (value === null) {
     renderFrame();
@@ -996,8 +1020,7 @@ function compareView(before, after) {
 
 /** Improve: the unlabelled frames the filter is least sure about, to label next, and a new revision trained on them. */
 function improveView(job) {
-  const proposed = (job.result && job.result.uncertain) || [];
-  const unlabelled = proposed.filter((example) => !studio.labels.has(example.frame)).slice(0, UNCERTAIN_SHOWN);
+  const unlabelled = proposedFrames(job);
   const smoothing = job.spec && job.spec.smoothing;
   const closest = smoothing ? ` (scores closest to its threshold ${smoothing.threshold})` : "";
   const attrs = { type: "button", class: "secondary", "data-testid": "train-revision" };
@@ -1005,7 +1028,7 @@ function improveView(job) {
   button.addEventListener("click", () => trainRevision(job, button));
   return el(
     "div",
-    { class: "improve", "data-testid": "improve" },
+    { class: "improve", "data-testid": "improve", "data-frames": unlabelled.map((e) => e.frame).join() },
     el("h4", {}, "Improve"),
     el(
       "p",
@@ -1017,6 +1040,20 @@ function improveView(job) {
     el("div", { class: "example-row", "data-testid": "uncertain-frames" }, ...unlabelled.map(exampleThumb)),
     el("div", { class: "form-actions" }, button),
   );
+}
+
+/** The job's proposed frames that have no label yet, least sure first. */
+function proposedFrames(job) {
+  const proposed = (job.result && job.result.uncertain) || [];
+  return proposed.filter((example) => !studio.labels.has(example.frame)).slice(0, UNCERTAIN_SHOWN);
+}
+
+/** "Improve" again once labels changed: a frame just labelled is proposed no more (one unlabelled is again). */
+function refreshImprove() {
+  const box = byId("training").querySelector('[data-testid="improve"]');
+  if (!box || !training.job) return;
+  if (proposedFrames(training.job).map((e) => e.frame).join() === box.dataset.frames) return;
+  box.replaceWith(improveView(training.job));
 }
 
 /** A new job for the same filter, dataset, event and options, on the labels as they are now. */
@@ -1089,9 +1126,32 @@ function deployView(job) {
   const label = job.deployed ? "Deploy again" : "Deploy";
   const button = el("button", { type: "button", "data-testid": "job-deploy" }, label);
   const message = el("p", { class: "message", role: "status", "data-testid": "deploy-message" });
-  if (job.deployed) message.textContent = `Deployed as filter ${job.filter}: see Filters above.`;
+  if (job.deployed) [message.dataset.state, message.textContent] = deployedState(job);
   button.addEventListener("click", () => deployJob(job, button, message));
   return el("div", { class: "form-actions" }, button, message);
+}
+
+/** A deployed job as the revisions last read say: [state, what it is now] (the filter's model, a revision it was
+ * rolled back from, or one of a filter deleted since). */
+function deployedState(job) {
+  const known = revisionsOf.filter === job.filter && revisionsOf.loaded;
+  if (known && !revisionsOf.exists) return ["deleted", `Filter ${job.filter} was deleted: Deploy again registers it.`];
+  if (known && revisionsOf.current !== job.id) {
+    const runs = revisionsOf.current ? `job ${revisionsOf.current}` : "another model";
+    return ["replaced", `Filter ${job.filter} runs ${runs} now: Deploy again puts this one back.`];
+  }
+  return ["current", `Deployed as filter ${job.filter}: see Filters above.`];
+}
+
+/** The training panel's deploy line after a rollback, a deletion or a deployment elsewhere (left alone when its state
+ * did not change, so the answer of a deployment made here stays). */
+function refreshDeployState() {
+  const message = byId("training").querySelector('[data-testid="deploy-message"]');
+  if (!message || !training.job || !training.job.deployed) return;
+  const [state, text] = deployedState(training.job);
+  if (state === message.dataset.state) return;
+  message.className = "message";
+  [message.dataset.state, message.textContent] = [state, text];
 }
 
 async function deployJob(job, button, message) {
@@ -1101,7 +1161,9 @@ async function deployJob(job, button, message) {
   try {
     const answer = await api(`/api/training-jobs/${job.id}/deploy`, { method: "POST" });
     const revision = answer && typeof answer.revision === "number" ? ` (revision ${answer.revision})` : "";
+    job.deployed = true;
     message.className = "message ok";
+    message.dataset.state = "current";
     message.textContent = `Deployed as filter ${job.filter}${revision}: the edges take it within seconds.`;
     filtersSignature = "";
     showRevisions(job.filter);
@@ -1116,25 +1178,61 @@ async function deployJob(job, button, message) {
 
 // -------------------------------------------------------------------------------------------------- revisions
 
+const revisionsOf = {
+  filter: "", // the filter whose revisions are shown ("" for none)
+  loaded: false, // exists and current are known
+  exists: true, // it is registered now (false: deleted since it was deployed)
+  current: null, // the job it runs now, when one of its revisions
+  asked: 0, // bumped per read: only the latest answer is shown
+};
+
+/** Whether the filter is registered now (a deleted filter keeps its revisions). */
+async function filterExists(name) {
+  try {
+    await api(`/api/filters/${encodeURIComponent(name)}`);
+    return true;
+  } catch (err) {
+    if (err.status === 404) return false;
+    throw err;
+  }
+}
+
 /** The filter's revisions (its deployed jobs, newest first), each but the current one with "Roll back to this". */
 async function showRevisions(filter) {
   const generation = studio.generation;
-  let revisions;
+  const asked = ++revisionsOf.asked;
+  if (revisionsOf.filter !== filter) Object.assign(revisionsOf, { filter, loaded: false });
+  let revisions = [];
+  let exists = true;
   try {
-    revisions = await api(`/api/filters/${encodeURIComponent(filter)}/revisions`);
+    [revisions, exists] = await Promise.all([
+      api(`/api/filters/${encodeURIComponent(filter)}/revisions`),
+      filterExists(filter),
+    ]);
   } catch {
     revisions = []; // a filter not deployed yet
   }
-  if (generation !== studio.generation) return;
+  if (generation !== studio.generation || asked !== revisionsOf.asked) return;
+  const current = revisions.find((revision) => revision.current);
+  Object.assign(revisionsOf, { loaded: true, exists, current: current ? current.job : null });
+  refreshDeployState();
   const box = byId("revisions");
   if (!revisions.length) {
     box.replaceChildren();
     return;
   }
+  const gone = `${filter} was deleted: rolling back to a revision asks first, then registers it again.`;
+  const deleted = exists ? null : el("p", { class: "muted", "data-testid": "revisions-deleted" }, gone);
   box.replaceChildren(
     el("h3", {}, `Revisions of ${filter}`),
+    deleted,
     el("ol", { class: "revision-list" }, ...revisions.map((revision) => revisionItem(filter, revision))),
   );
+}
+
+/** The filter list changed (app.js: a deletion, or a deployment from elsewhere): the revisions shown are read again. */
+function refreshRevisions() {
+  if (revisionsOf.filter && studio.dataset) showRevisions(revisionsOf.filter);
 }
 
 function revisionItem(filter, revision) {
@@ -1160,8 +1258,17 @@ function revisionItem(filter, revision) {
 
 async function rollBack(filter, revision, button) {
   button.disabled = true;
-  setMessage("revisions-message", `Putting job ${revision.job}'s model back…`);
   try {
+    // Deploying a job of a deleted filter registers it again. A deletion is deliberate, so a rollback never undoes
+    // it silently; but getting back a filter deleted by mistake is a fair wish the page offers no other way to, so
+    // the page asks rather than refuses. Asked here, not from the list: it may have been deleted since it was read.
+    const restore = `Filter ${filter} was deleted. Register it again with job ${revision.job}'s model?`;
+    if (!(await filterExists(filter)) && !confirm(restore)) {
+      setMessage("revisions-message", `Not rolled back: ${filter} was deleted and stays deleted.`);
+      button.disabled = false;
+      return;
+    }
+    setMessage("revisions-message", `Putting job ${revision.job}'s model back…`);
     await api(`/api/training-jobs/${revision.job}/deploy`, { method: "POST" });
     setMessage("revisions-message", `Rolled ${filter} back to job ${revision.job}: the edges take it within seconds.`);
     filtersSignature = "";
@@ -1200,6 +1307,8 @@ function initStudio() {
   byId("labels-csv").addEventListener("click", downloadLabels);
   byId("train-form").addEventListener("submit", trainFilter);
   document.addEventListener("dataset-changed", (event) => feedbackGiven(event.detail));
+  document.addEventListener("signed-out", clearStudioViews);
+  document.addEventListener("filters-changed", refreshRevisions);
   document.addEventListener("keydown", onStudioKey);
   window.addEventListener("beforeunload", (event) => {
     if (!outbox.batches.length) return;
