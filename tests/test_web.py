@@ -262,6 +262,44 @@ def test_an_edge_shows_its_base_model_and_the_filters_it_refuses(
     expect(cell).to_have_attribute("title", "digest fedcba9876543210")
 
 
+def test_an_offline_edge_shows_no_stale_uplink_and_a_shared_edge_id_is_flagged(page: Page, cloud: CloudConfig) -> None:
+    from datetime import timedelta
+
+    import zmq
+    from sqlalchemy import update
+
+    from cloud.db import Edge, make_engine, session_factory, utcnow
+    from cloud.framestore import FrameStore
+    from cloud.storage import Storage
+    from common.protocol import Heartbeat, Hello, Stats, encode
+
+    sessions = session_factory(make_engine(cloud.db_url))
+    storage = Storage(sessions, FrameStore(cloud.data_dir / "frames"))
+    storage.edge_hello("edge-gone", Hello(edge="edge-gone", run="r1", cameras=[]), None)
+    storage.edge_stats("edge-gone", Stats(edge="edge-gone", uplink={"connected": True}))
+    with sessions.begin() as session:  # its last word was an hour ago, while its uplink was up
+        session.execute(update(Edge).where(Edge.id == "edge-gone").values(last_seen=utcnow() - timedelta(hours=1)))
+    context = zmq.Context()
+    try:
+        dealers = [context.socket(zmq.DEALER) for _ in range(2)]  # two boxes started from one copied config
+        for dealer in dealers:
+            dealer.connect(f"tcp://127.0.0.1:{cloud.zmq.ingest_port}")
+        for _ in range(4):
+            for dealer in dealers:
+                dealer.send_multipart(encode(Heartbeat(sender="edge-twin")))
+                assert dealer.poll(30_000), "the ingest did not answer"
+                dealer.recv_multipart()
+    finally:
+        context.destroy(linger=0)
+
+    sign_in(page, TOKEN)
+    gone = page.locator('[data-testid="edge-row"][data-edge="edge-gone"]')
+    expect(gone.locator('[data-field="connected"]')).to_have_text("edge offline")
+    expect(gone.get_by_test_id("shared-id")).to_have_count(0)
+    twin = page.locator('[data-testid="edge-row"][data-edge="edge-twin"]')
+    expect(twin.get_by_test_id("shared-id")).to_have_text("⚠ two edges use this id")
+
+
 def test_a_bundles_spec_fills_the_form_and_keeps_what_the_form_has_no_field_for(
     page: Page, cloud: CloudConfig, make_filter: Callable[..., tuple[FilterSpec, bytes]], tmp_path: Path
 ) -> None:

@@ -445,13 +445,12 @@ async function refreshEdges() {
 
 function edgeRow(edge) {
   const stats = edge.stats || {};
-  const uplink = stats.connected === undefined ? "–" : stats.connected ? "connected" : "cloud unreachable";
   return el(
     "tr",
     { "data-testid": "edge-row", "data-edge": edge.id },
-    el("th", { scope: "row" }, onlineDot(edge.online), edge.id),
+    el("th", { scope: "row" }, onlineDot(edge.online), edge.id, sharedIdNote(edge)),
     el("td", { "data-field": "last_seen", title: fmt.time(edge.last_seen) }, fmt.age(edge.last_seen)),
-    el("td", { "data-field": "connected" }, uplink),
+    el("td", { "data-field": "connected" }, uplinkText(edge.online, stats)),
     baseModelCell(edge),
     numCell("filters_version", fmt.count(edge.filters_version)),
     numCell("spool_messages", fmt.count(stats.spool_messages)),
@@ -460,6 +459,20 @@ function edgeRow(edge) {
     numCell("in_flight", fmt.count(stats.in_flight)),
     numCell("sent_bytes", fmt.bytes(stats.sent_bytes)),
   );
+}
+
+/** The edge's link to the cloud as its last stats said; an offline edge's last stats are stale, so not shown. */
+function uplinkText(online, stats) {
+  if (!online) return "edge offline";
+  if (stats.connected === undefined) return "–";
+  return stats.connected ? "connected" : "cloud unreachable";
+}
+
+/** A warning when two edge processes send under this edge's id (GET /api/edges: shared_id). */
+function sharedIdNote(edge) {
+  if (!edge.shared_id) return null;
+  const title = "two edge processes send as this edge (a copied config and key): give each box its own edge_id and key";
+  return el("span", { class: "warn", "data-testid": "shared-id", title }, " ⚠ two edges use this id");
 }
 
 /** The base DNN an edge runs, and the filters targeting it that it refuses (another base model or input size). */
