@@ -241,9 +241,7 @@ def _follows_its_gop(session: Session, row: Fragment) -> bool:
     if not row.part:
         return True
     return bool(
-        session.scalar(
-            select(exists().where(*_same_gop(row), Fragment.part == row.part - 1, Fragment.playable))
-        )
+        session.scalar(select(exists().where(*_same_gop(row), Fragment.part == row.part - 1, Fragment.playable)))
     )
 
 

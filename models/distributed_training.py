@@ -12,6 +12,10 @@
   ranks' parameters are averaged once, in full precision);
 * rank 0 picks the threshold and writes the same bundle as single-process training, and the result
   summary the launcher returns. A FilterForwardError on any rank comes back as its one-line message.
+
+What the user sees of the workers is rank 0's stderr (progress, warnings); torchrun's own output and the other
+ranks' go to files in the job folder, and every traceback too. When the workers fail, those files are kept as one
+log (`filterforward-train-*.log` in the temporary folder) that the one-line error names; `-v` also prints it.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +44,7 @@ from models.datasets.labelled import LabelledDataset, open_dataset
 from models.errors import FilterForwardError
 from models.evaluation import EventScores
 from models.filterspec import FilterSpec, Smoothing
+from models.memory import check_memory
 from models.microclassifiers import MicroClassifier
 from models.optimizer_kinds import OPTIMIZERS
 from models.roi import ROI
@@ -62,6 +70,19 @@ log = logging.getLogger(__name__)
 JOB_FILE = "job.json"
 RESULT_FILE = "result.json"
 ERROR_FILE = "error.txt"
+TORCHRUN_LOG = "torchrun.log"  # torchrun's own stdout and stderr (and what a worker writes before main runs)
+CONSOLE_ENV = "FILTERFORWARD_CONSOLE"  # the terminal rank 0 writes to, when the launcher's stderr is one
+TAIL_PERIOD = 0.2  # seconds between reads of rank 0's stderr file when there is no terminal
+
+
+def rank_stderr(job_dir: Path, rank: int) -> Path:
+    """A rank's stderr (rank 0's too when there is no terminal to write to)."""
+    return job_dir / f"rank{rank}.err"
+
+
+def rank_failure(job_dir: Path, rank: int) -> Path:
+    """A rank's unexpected exception: its first line, then its traceback."""
+    return job_dir / f"rank{rank}.failure"
 
 
 @dataclass(frozen=True)
@@ -86,31 +107,105 @@ def launch(
     """Train with `nproc` torchrun workers on this machine; rank 0's result."""
     check_config(dataset, config)  # one-line errors before any process starts
     check_nproc(nproc)
+    check_memory(dataset, [config], copies=nproc)  # every rank holds the training crops
     job = TrainingJob(dataset.root.resolve(), config, out_dir.resolve(), model_path and model_path.resolve(), progress)
     with tempfile.TemporaryDirectory(prefix="ff-train-") as job_dir:
         (Path(job_dir) / JOB_FILE).write_text(json.dumps(job_to_dict(job)))
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-        command += ["-m", __name__, job_dir]
-        # Loopback only: --standalone is one machine, and hostname lookups fail in some sandboxes.
-        env = {"GLOO_SOCKET_IFNAME": "lo", **os.environ}
-        returncode = subprocess.run(command, env=env, check=False).returncode
+        returncode = _run_torchrun(Path(job_dir), nproc)
         return _outcome(Path(job_dir), nproc, returncode)
 
 
+def _run_torchrun(job_dir: Path, nproc: int) -> int:
+    """Run the workers, torchrun's output into a file and rank 0's stderr to ours; torchrun's exit code."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    command += ["-m", __name__, str(job_dir)]
+    # Loopback only: --standalone is one machine, and hostname lookups fail in some sandboxes.
+    env = {"GLOO_SOCKET_IFNAME": "lo", **os.environ}
+    console = _terminal()
+    if console:
+        env[CONSOLE_ENV] = console  # rank 0 writes there itself, so that its progress bars stay on
+    stop = threading.Event()
+    tail = None if console else threading.Thread(target=_tail, args=(rank_stderr(job_dir, 0), stop), daemon=True)
+    with (job_dir / TORCHRUN_LOG).open("wb") as output:
+        if tail:
+            tail.start()
+        try:
+            return subprocess.run(command, env=env, stdout=output, stderr=subprocess.STDOUT, check=False).returncode
+        finally:
+            stop.set()
+            if tail:
+                tail.join()
+
+
+def _terminal() -> str | None:
+    """The terminal our stderr is, if it is one."""
+    try:
+        return os.ttyname(sys.stderr.fileno()) if sys.stderr.isatty() else None
+    except (OSError, ValueError, AttributeError):  # a closed or replaced sys.stderr
+        return None
+
+
+def _tail(path: Path, stop: threading.Event) -> None:
+    """Copy what rank 0 writes to `path` to our stderr as it comes, until `stop` is set and all of it is copied."""
+    offset = 0
+    while True:
+        stopping = stop.is_set()
+        if path.exists():
+            with path.open("rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read()
+            if chunk:
+                offset += len(chunk)
+                sys.stderr.write(chunk.decode(errors="replace"))
+                sys.stderr.flush()
+        if stopping:
+            return
+        time.sleep(TAIL_PERIOD)
+
+
 def _outcome(job_dir: Path, nproc: int, returncode: int) -> TrainResult:
-    """Rank 0's result; a worker's one-line error, or a failure when neither exists."""
+    """Rank 0's result; a worker's one-line error (its FilterForwardError's, else the first unexpected exception's),
+    with where the workers' full log was kept."""
     error, result = job_dir / ERROR_FILE, job_dir / RESULT_FILE
+    if returncode == 0 and result.exists():
+        return result_from_dict(json.loads(result.read_text()))
+    full_log = _keep_log(job_dir, nproc)
     if error.exists():
-        raise FilterForwardError(error.read_text().strip())
+        raise FilterForwardError(f"{error.read_text().strip()} (workers' log: {full_log})")
     if not result.exists():
-        raise FilterForwardError(
-            f"the {nproc} training workers failed (torchrun exit code {returncode}): see their errors above"
-        )
-    if returncode != 0:
-        # Rank 0 writes the result after the bundle, from parameters every rank shares: it is complete.
-        # Seen once while measuring: a gloo rank aborted ("terminate called") as the group shut down.
-        log.warning("a training worker failed after rank 0 wrote the bundle (torchrun exit code %d)", returncode)
+        raise FilterForwardError(f"{_what_failed(job_dir, nproc, returncode)}: see the workers' log {full_log}")
+    # Rank 0 writes the result after the bundle, from parameters every rank shares: it is complete.
+    # Seen once while measuring: a gloo rank aborted ("terminate called") as the group shut down.
+    log.warning(
+        "a training worker failed after rank 0 wrote the bundle (torchrun exit code %d): see %s", returncode, full_log
+    )
     return result_from_dict(json.loads(result.read_text()))
+
+
+def _what_failed(job_dir: Path, nproc: int, returncode: int) -> str:
+    """The first rank's unexpected exception, in one line; torchrun's exit code when no rank recorded one (killed:
+    the OOM killer, a signal)."""
+    failures = sorted(job_dir.glob("rank*.failure"), key=lambda path: path.stat().st_mtime_ns)
+    if not failures:
+        return f"the {nproc} training workers failed (torchrun exit code {returncode}, no exception recorded)"
+    first = failures[0]
+    rank = first.stem.removeprefix("rank")
+    return f"training worker rank {rank} of {nproc} failed: {first.read_text().splitlines()[0]}"
+
+
+def _keep_log(job_dir: Path, nproc: int) -> Path:
+    """torchrun's output and every rank's stderr and traceback in one file that outlives the job folder; with -v
+    (debug logging) it is also printed."""
+    parts = [job_dir / TORCHRUN_LOG]
+    for rank in range(nproc):
+        parts += [rank_stderr(job_dir, rank), rank_failure(job_dir, rank)]
+    text = "".join(f"==> {path.name} <==\n{path.read_text(errors='replace')}\n" for path in parts if path.exists())
+    handle, name = tempfile.mkstemp(prefix="filterforward-train-", suffix=".log")
+    with os.fdopen(handle, "w") as file:
+        file.write(text)
+    if log.isEnabledFor(logging.DEBUG):
+        sys.stderr.write(text)
+    return Path(name)
 
 
 def check_nproc(nproc: int) -> None:
@@ -272,7 +367,17 @@ def main(argv: list[str] | None = None) -> int:
     """torchrun entry point: join the group from torchrun's environment, train, leave rank 0's result."""
     (job_dir,) = argv if argv is not None else sys.argv[1:]
     job_path = Path(job_dir)
-    logging.basicConfig(level=logging.WARNING, format=f"rank {os.environ.get('RANK', '?')}: %(message)s")
+    rank = int(os.environ.get("RANK", 0))
+    _redirect_stderr(job_path, rank)
+    logging.basicConfig(level=logging.WARNING, format=f"rank {rank}: %(message)s")
+    try:
+        return _work(job_path, rank)
+    except Exception as exc:  # joining the group failed
+        _record_failure(job_path, rank, exc)
+        return 1
+
+
+def _work(job_path: Path, rank: int) -> int:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -285,9 +390,35 @@ def main(argv: list[str] | None = None) -> int:
     except FilterForwardError as exc:
         (job_path / ERROR_FILE).write_text(f"{exc}\n")  # every rank fails with the same message
         return 1
+    except Exception as exc:
+        # Recorded before the group goes: the other ranks fail only once it has, so the first failure is the cause.
+        _record_failure(job_path, rank, exc)
+        return 1
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _record_failure(job_path: Path, rank: int, exc: Exception) -> None:
+    """An unexpected exception: its one line for the launcher, its traceback for the log (not for the user)."""
+    first_line = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    rank_failure(job_path, rank).write_text(f"{first_line}\n{traceback.format_exc()}")
+
+
+def _redirect_stderr(job_path: Path, rank: int) -> None:
+    """Rank 0 writes to the launcher's terminal (CONSOLE_ENV) or to the file the launcher copies to its stderr; the
+    other ranks, whose warnings repeat rank 0's, to their own files for the log. At the file descriptor, so that
+    what torch and gloo write in C++ goes there too."""
+    console = os.environ.get(CONSOLE_ENV) if rank == 0 else None
+    try:
+        target = os.open(console, os.O_WRONLY | os.O_NOCTTY) if console else None
+    except OSError:  # no longer ours to open: the file, which nobody copies then, still keeps it for the log
+        target = None
+    if target is None:
+        target = os.open(rank_stderr(job_path, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    os.dup2(target, sys.stderr.fileno())
+    os.close(target)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+FEATURE_BATCH = 8  # frames per base-DNN run while caching
 FEATURES_FILE = "features.npy"
 FILLED_FILE = "filled.npy"
 META_FILE = "meta.json"
@@ -64,7 +65,7 @@ def cached_features(
     input_size: tuple[int, int],
     frames: tuple[int, int] | None = None,
     model_path: Path | None = None,
-    batch_size: int = 8,
+    batch_size: int = FEATURE_BATCH,
     progress: bool = True,
 ) -> dict[FeatureRequest, np.ndarray]:
     """ROI crops (fp16, [stop - start, C, h, w], read-only memmaps) of frames start..stop-1 per request.

@@ -33,6 +33,7 @@ from models.datasets.labelled import LabelledDataset
 from models.features import FeatureRequest, cached_features
 from models.filterspec import Validation
 from models.mc_kinds import auto_context
+from models.memory import check_memory
 from models.microclassifiers import MicroClassifier
 from models.roi import ROI
 from models.training import (
@@ -92,6 +93,7 @@ def checked_candidates(dataset: LabelledDataset, config: TrainConfig) -> list[Tr
     ]
     for candidate in configs:
         check_config(dataset, candidate)
+    check_memory(dataset, configs)  # their crops are all held at once
     return configs
 
 

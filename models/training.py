@@ -51,6 +51,7 @@ from models.features import FeatureRequest, cached_features, checked_range
 from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec, MotionVeto, Smoothing, Validation
 from models.mc_export import export_mc, verify_export
 from models.mc_kinds import MC_KINDS, MCKind
+from models.memory import check_memory
 from models.microclassifiers import Ensemble, MicroClassifier, build_mc, check_window
 from models.motion import fit_veto, no_veto_reason, region_foreground, still
 from models.optimizer_kinds import OPTIMIZERS
@@ -388,11 +389,13 @@ def validate_fits(
     """The out-of-fold scores of the fold models `fitted` (fit_folds) and the operating point they choose."""
     labels = data.frame_labels()
     scores = np.full(labels.size, np.nan)
-    for number, (fold, (model, _)) in enumerate(zip(plan.folds, fitted, strict=True), start=1):
+    for number, (fold, (model, losses)) in enumerate(zip(plan.folds, fitted, strict=True), start=1):
         log.info("cross-validation fold %d of %d: %d held-out frames", number, len(plan.folds), fold.held_out.size)
         check_finite(model, config)
+        check_final_loss(losses, config)
         with torch_threads(config.threads):
             scores[fold.held_out] = predict(model, data, fold.held_out, device=config.device)
+        check_scores(scores[fold.held_out], config)
     return summarize(plan, scores, labels, int(data.targets.sum()), threshold=threshold)
 
 
@@ -446,10 +449,13 @@ def finish_training(
     the training frames, its threshold `final_threshold` if given), export to ONNX and write the bundle to
     `out_dir`."""
     check_finite(model, config)
+    check_final_loss(losses, config)
     frames = np.arange(*data.span)
     motion = _fit_veto(data, frames)
     with torch_threads(config.threads):
-        scores = _vetoed(predict(model, data, frames, device=config.device), frames, data, motion)
+        raw = predict(model, data, frames, device=config.device)
+    check_scores(raw, config)  # before the bundle's own check, which would only say the score is not a probability
+    scores = _vetoed(raw, frames, data, motion)
     labels = data.frame_labels()
     if validation is None:
         # On its own training frames a model separates the classes at almost any threshold, and the middle of that
@@ -484,6 +490,9 @@ def _with_coverage(
     return validation.model_copy(update={"warnings": (*validation.warnings, warning)})
 
 
+DIVERGED_ADVICE = "so no bundle was written: lower --lr, try another --optimizer or --seed, or train fewer --steps"
+
+
 def check_finite(model: MicroClassifier, config: TrainConfig) -> None:
     """Refuse a diverged MC: a NaN or inf parameter would make every score NaN on the edge."""
     bad = sum(int((~torch.isfinite(p)).sum()) for p in model.parameters())
@@ -491,7 +500,28 @@ def check_finite(model: MicroClassifier, config: TrainConfig) -> None:
         total = sum(p.numel() for p in model.parameters())
         raise FilterForwardError(
             f"training diverged: {bad} of {total} MC parameters are NaN or inf after {config.steps} steps with "
-            f"{config.optimizer}, so no bundle was written: lower --lr or try another --optimizer or --seed"
+            f"{config.optimizer}, {DIVERGED_ADVICE}"
+        )
+
+
+def check_final_loss(losses: list[float], config: TrainConfig) -> None:
+    """Refuse an MC whose last training loss is NaN or inf: its parameters can be finite yet so large that its
+    scores overflow (the compressed optimizers skip the non-finite steps, so nothing else stops them)."""
+    if losses and not np.isfinite(losses[-1]):
+        raise FilterForwardError(
+            f"training diverged: the final training loss is {losses[-1]} after {config.steps} steps with "
+            f"{config.optimizer} at lr {config.lr:g}, {DIVERGED_ADVICE}"
+        )
+
+
+def check_scores(scores: np.ndarray, config: TrainConfig) -> None:
+    """Refuse an MC that scores a training frame NaN: diverged, even when its parameters and last loss are finite
+    (an ensemble member's loss is not the last)."""
+    bad = int(np.isnan(scores).sum())
+    if bad:
+        raise FilterForwardError(
+            f"training diverged: the MC scores {bad} of {scores.size} training frames NaN after {config.steps} steps "
+            f"with {config.optimizer} at lr {config.lr:g}, {DIVERGED_ADVICE}"
         )
 
 
@@ -543,6 +573,7 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
     if not 0 < config.lr <= MAX_LR:  # NaN too; torch raised its own error only once the optimizer was made
         raise FilterForwardError(f"the learning rate must be above 0 and at most {MAX_LR:g}, got {config.lr}")
     check_labels(dataset, config)
+    check_memory(dataset, [config])
 
 
 def check_labels(dataset: LabelledDataset, config: TrainConfig) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +12,13 @@ from distributed import run_workers
 from torch.nn.utils import parameters_to_vector
 
 from filterforward.cli import main
+from models.base_export import file_digest
 from models.bundle import load_bundle
+from models.cache import cache_dir
 from models.datasets.labelled import LabelledDataset
 from models.datasets.synth import write_synthetic
 from models.distributed_training import TrainingJob, job_from_dict, job_to_dict, train_distributed
+from models.features import FEATURES_FILE, FeatureRequest, cache_key
 from models.training import TrainConfig, parse_curriculum
 
 SIZE = (320, 192)
@@ -143,3 +148,51 @@ def test_a_short_compressed_run_of_a_windowed_mc_converges(
         # 0/1 Adam's local steps leave its fold models weaker on the held-out occurrence here (median score of its
         # positives 0.17 in one fold): its estimate and operating point are poor, not NaN; the others' are sound.
         assert optimizer == "zeroone_adam" or (f1 > 0.9 and estimate > 0.9), (optimizer, f1, estimate)
+
+
+def _train_on_two(clip: LabelledDataset, tmp_path: Path, model: Path) -> None:
+    """`filterforward train --nproc 2` of a full-frame MC that is to fail: exit status 2, no bundle."""
+    argv = ["train", str(clip.root), "--event", "any_object", "--arch", "full_frame", "--frames", "0:24"]
+    argv += ["--steps", "4", "--nproc", "2", "--base-model", str(model), "--out", str(tmp_path / "b")]
+    assert main(argv) == 2
+    assert not (tmp_path / "b").exists()
+
+
+def _failure(capfd: pytest.CaptureFixture) -> tuple[str, str]:
+    """The one line the user saw (nothing else: no traceback, no torchrun report) and the full log it names."""
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    log = re.search(r"workers' log:? (/\S+?)\)?$", lines[0])
+    assert log is not None, lines[0]
+    return lines[0], Path(log[1]).read_text()
+
+
+def test_a_workers_error_is_one_line_and_torchruns_report_goes_to_the_log(
+    clip: LabelledDataset, tmp_path: Path, capfd: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank fails with the same FilterForwardError; torchrun's ChildFailedError traceback and failure table
+    used to follow it to the user."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the log is kept
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"not a model")
+    _train_on_two(clip, tmp_path, garbage)
+    line, log = _failure(capfd)
+    assert line.startswith(f"filterforward train: error: base model {garbage} does not load as an ONNX model: ")
+    assert "Traceback" in log and "ChildFailedError" in log and "models.distributed_training FAILED" in log
+
+
+def test_an_unexpected_worker_exception_is_one_line_naming_the_rank_and_the_log(
+    clip: LabelledDataset, base_model: Path, tmp_path: Path, capfd: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A feature cache whose array is a folder: rank 0 fails with an OSError, rank 1 then with gloo's lost peer; each
+    printed its traceback, torchrun its own, and the user was told to "see their errors above"."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("FILTERFORWARD_CACHE", str(tmp_path / "cache"))
+    key = cache_key(clip, FeatureRequest("late"), SIZE, file_digest(base_model))
+    (cache_dir("features", key) / FEATURES_FILE).mkdir()
+    _train_on_two(clip, tmp_path, base_model)
+    line, log = _failure(capfd)
+    expected = "filterforward train: error: training worker rank 0 of 2 failed: IsADirectoryError: [Errno 21] Is a "
+    assert line.startswith(expected + f"directory: '{cache_dir('features', key) / FEATURES_FILE}': see the workers' ")
+    assert "Traceback (most recent call last)" in log and "IsADirectoryError" in log and "ChildFailedError" in log

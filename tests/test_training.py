@@ -7,6 +7,9 @@ import itertools
 import logging
 import os
 import re
+import resource
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -31,6 +34,7 @@ from models.errors import FilterForwardError
 from models.evaluation import event_f1
 from models.features import FEATURES_FILE, FeatureRequest, cache_key, cached_features
 from models.mc_kinds import auto_context
+from models.memory import GIB, check_memory
 from models.microclassifiers import Ensemble, build_mc
 from models.model_selection import DRAW_SEED_STEP, DRAWS, ENSEMBLE, best_draws
 from models.roi import ROI
@@ -40,6 +44,7 @@ from models.training import (
     BalancedSampler,
     Logits,
     TrainConfig,
+    check_config,
     cross_validate,
     finish_training,
     fit_and_validate,
@@ -698,3 +703,64 @@ def test_scaled_training_trains_on_every_view_and_exports_the_edge_size(
     ]:
         with pytest.raises(FilterForwardError, match=message):
             load_training_data(tiny, dataclasses.replace(config, **bad), base_model, progress=False)
+
+
+DIVERGING = {"architecture": "localized", "optimizer": "onebit_adam", "lr": 1.0, "steps": 60}
+
+
+def test_a_diverged_mc_with_finite_parameters_writes_no_bundle(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """1-bit Adam at the largest lr throws a localized MC's weights to about 1e21: still finite, but its logits
+    overflow, so its loss and scores are NaN (and the optimizer skips every step after). The divergence is what is
+    reported, not the bundle check's "score is nan; it must be a probability"."""
+    config = TrainConfig(event="any_object", input_size=TINY_SIZE, frames=(0, 40), **DIVERGING)
+    data = load_training_data(tiny, config, base_model, progress=False)
+    model, losses = fit_mc(config, data, progress=False)
+    assert np.isnan(losses[-1]) and all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    expected = r"^training diverged: the final training loss is nan after 60 steps with onebit_adam at lr 1, so no "
+    with pytest.raises(FilterForwardError, match=expected + r"bundle was written: lower --lr, try another --optimizer"):
+        finish_training(model, data, config, tmp_path / "b", base_model, losses, None)
+    # An ensemble's losses end with its last member's: NaN scores alone also say that training diverged.
+    with pytest.raises(FilterForwardError, match=r"^training diverged: the MC scores 40 of 40 training frames NaN"):
+        finish_training(model, data, config, tmp_path / "b", base_model, losses[:1], None)
+    assert not (tmp_path / "b").exists()
+    argv = ["train", str(tiny.root), "--event", "any_object", "--frames", "0:40", "--base-model", str(base_model)]
+    argv += ["--arch", "localized", "--optimizer", "onebit_adam", "--lr", "1", "--steps", "60"]
+    assert main([*argv, "--out", str(tmp_path / "cli")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("filterforward train: error: training diverged: the final training loss is nan after 60")
+    assert not (tmp_path / "cli").exists()
+
+
+def test_an_input_size_that_cannot_fit_in_memory_is_refused_up_front(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path
+) -> None:
+    """8192x8192 passed validation, then the OOM killer ended the run: the base DNN alone needs about 50 GiB there.
+    The CLI runs under a 12 GiB address-space limit (`ulimit -v`), which the check counts, so the test does not
+    depend on this machine's memory (and a run without the check fails on an allocation, not the OOM killer)."""
+    argv = [sys.executable, "-m", "filterforward", "train", str(tiny.root), "--event", "any_object"]
+    argv += ["--arch", "localized", "--frames", "0:40", "--input-size", "8192x8192", "--base-model", str(base_model)]
+    limit = 12 * GIB
+    run = subprocess.run(
+        [*argv, "--out", str(tmp_path / "b")],
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    last = run.stderr.strip().splitlines()[-1]
+    expected = (
+        r"input size 8192x8192 needs about \d+\.\d GiB of memory \(the base DNN and the features of 40 frames\) but "
+    )
+    assert re.fullmatch(
+        rf"filterforward train: error: {expected}\d+\.\d GiB is available: use --input-size (\d+)x\1 or smaller", last
+    ), last
+    assert run.returncode == 2 and not (tmp_path / "b").exists()
+    # The largest size that fits is named; normal sizes pass, here and with a few GiB.
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=(8192, 8192), frames=(0, 48))
+    with pytest.raises(FilterForwardError, match=r"but 3\.0 GiB is available: use --input-size 1984x1984 or smaller"):
+        check_memory(tiny, [config], available=3 * GIB)
+    for size in [(1920, 1088), (768, 448)]:
+        check_memory(tiny, [dataclasses.replace(config, input_size=size)], available=3 * GIB)
+        check_config(tiny, dataclasses.replace(config, input_size=size))
