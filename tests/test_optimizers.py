@@ -7,6 +7,7 @@ one group of 2 ranks and one of 3, and the tests assert on what the ranks return
 from __future__ import annotations
 
 import io
+import logging
 import math
 from collections.abc import Callable, Iterator
 
@@ -778,3 +779,21 @@ def test_the_trainer_refuses_a_diverged_mc() -> None:
         next(model.parameters())[0, 0] = math.nan
     with pytest.raises(FilterForwardError, match=r"training diverged: 1 of .* NaN or inf .* onebit_adam"):
         check_finite(model, config)
+
+
+def test_a_step_skipped_again_and_again_warns_at_the_1st_10th_100th_time(caplog: pytest.LogCaptureFixture) -> None:
+    """A diverged run retries its skipped step on every batch: one warning per batch flooded the training output."""
+    model = _model()
+    optimizer = _build("onebit_adam", model)
+    with caplog.at_level(logging.WARNING, logger="models.optimizers.base"):
+        for call in range(1, 106):
+            _backward(model, 0, call)
+            model[2].bias.grad[0] = math.inf if call <= 101 else 0.0
+            optimizer.step()
+    warnings = [record.getMessage() for record in caplog.records]
+    assert warnings == [
+        "OnebitAdam step 1 skipped on every rank: the averaged values are not finite",
+        "OnebitAdam step 1 skipped on every rank (10 times in a row): the averaged values are not finite",
+        "OnebitAdam step 1 skipped on every rank (100 times in a row): the averaged values are not finite",
+    ]
+    assert optimizer.step_count == 4  # steps go through again once the gradients are finite

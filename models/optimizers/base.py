@@ -187,6 +187,7 @@ class CompressedOptimizer(torch.optim.Optimizer):
         self.comm = CompressedAllreduce(group)
         self.dense_bytes_on_wire = 0
         self._averaged_by_hook = False
+        self._skipped_in_a_row = 0  # a skipped step is retried with the next batch: its warnings are thinned
         # Derived from frozen state, so never checkpointed: {tag: (key, Frozen)}; dropped on load_state_dict.
         self._frozen_cache: dict[str, tuple[object, Frozen]] = {}
         self._scratch = torch.empty(0)
@@ -237,11 +238,23 @@ class CompressedOptimizer(torch.optim.Optimizer):
         if applied:
             for entry in entries:
                 self.state[entry.param]["step"] = step
+            self._skipped_in_a_row = 0
         else:
-            log.warning(
-                "%s step %d skipped on every rank: the averaged values are not finite", type(self).__name__, step
-            )
+            self._report_skip(step)
         return loss
+
+    def _report_skip(self, step: int) -> None:
+        """Warn at the 1st, 10th, 100th... skip in a row: a diverged run retries the same step on every batch."""
+        self._skipped_in_a_row += 1
+        times = self._skipped_in_a_row
+        if times == 10 ** round(math.log10(times)):
+            again = f" ({times} times in a row)" if times > 1 else ""
+            log.warning(
+                "%s step %d skipped on every rank%s: the averaged values are not finite",
+                type(self).__name__,
+                step,
+                again,
+            )
 
     def _gradient(self, param: torch.Tensor) -> torch.Tensor:
         """The parameter's gradient; zeros when it has none, so every rank sends the same fused buffers."""
