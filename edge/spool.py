@@ -18,7 +18,9 @@ damaged file held.
 
 The spool is bounded in bytes: an append that takes it over `max_bytes` drops the OLDEST messages and
 counts them in `dropped`; a warning says how many (one per DROP_REPORT_INTERVAL while it keeps dropping,
-and the rest at close).
+and the rest at close). Messages appended with `keep` (events, a clip filter's with its clip, and footage: few, and what
+a lost one breaks stays broken, an event open for good or a dataset that never completes) go only after every other
+message: the oldest matched frames and stream fragments are dropped first.
 
 A full disk is handled by the same rule. On a disk with less than DISK_HEADROOM bytes free an append first
 drops the oldest messages worth a little more than its own size, so the file stops growing and the new
@@ -59,8 +61,11 @@ T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS messages (seq INTEGER PRIMARY KEY, size INTEGER NOT NULL, frames BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY, size INTEGER NOT NULL, frames BLOB NOT NULL, keep INTEGER NOT NULL DEFAULT 0
+);
 """
+_DROP_ORDER = "CREATE INDEX IF NOT EXISTS messages_drop_order ON messages (keep, seq)"
 
 
 class _DiskFull(Exception):
@@ -122,9 +127,10 @@ class Spool:
         """The highest seq handed out so far (stored or not)."""
         return self._next_seq - 1
 
-    def append(self, build: Callable[[int], Frames], mark: Mark | None = None) -> int | None:
+    def append(self, build: Callable[[int], Frames], mark: Mark | None = None, keep: bool = False) -> int | None:
         """Store the message `build(seq)` under the next seq (and `mark`, if given), in one transaction; returns the
-        seq, or None when a full disk left no room for it (counted in `dropped`; the seq is used again)."""
+        seq, or None when a full disk left no room for it (counted in `dropped`; the seq is used again). A `keep`
+        message is dropped for room only when no other is left."""
         with self._lock:
             seq = self._next_seq
             frames = build(seq)
@@ -133,9 +139,9 @@ class Spool:
             if low:
                 self._drop_for_disk(size)
             try:
-                self._insert(seq, size, blob, mark)
+                self._insert(seq, size, blob, mark, keep)
             except _DiskFull:
-                if not self._retry_after_full(seq, size, blob, mark):
+                if not self._retry_after_full(seq, size, blob, mark, keep):
                     return None
             else:
                 if not low and self._disk_full:
@@ -209,11 +215,13 @@ class Spool:
                 raise _DiskFull from exc
             raise
 
-    def _insert(self, seq: int, size: int, blob: bytes, mark: Mark | None = None) -> None:
+    def _insert(self, seq: int, size: int, blob: bytes, mark: Mark | None, keep: bool) -> None:
         """Store one message (and drop the oldest if that takes the spool over its bound); counts after commit."""
 
         def work() -> _Dropped:
-            self._db.execute("INSERT INTO messages (seq, size, frames) VALUES (?, ?, ?)", (seq, size, blob))
+            self._db.execute(
+                "INSERT INTO messages (seq, size, frames, keep) VALUES (?, ?, ?, ?)", (seq, size, blob, int(keep))
+            )
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'next_seq'", (seq + 1,))
             if mark is not None:
                 key, value = mark
@@ -242,15 +250,17 @@ class Spool:
         return removed, freed
 
     def _delete_oldest(self, excess: int) -> _Dropped:
-        """Delete the oldest messages worth at least `excess` bytes (all if they fall short), inside the caller's
-        transaction; the caller updates the counts once it commits."""
-        dropped = _Dropped()
-        for seq, size in self._db.execute("SELECT seq, size FROM messages ORDER BY seq").fetchall():
-            dropped.count, dropped.freed, dropped.last = dropped.count + 1, dropped.freed + size, seq
+        """Delete the oldest messages worth at least `excess` bytes (all if they fall short), those appended with
+        `keep` last, inside the caller's transaction; the caller updates the counts once it commits."""
+        dropped, seqs = _Dropped(), []
+        for seq, size in self._db.execute("SELECT seq, size FROM messages ORDER BY keep, seq"):  # read lazily
+            seqs.append(seq)
+            dropped.count, dropped.freed = dropped.count + 1, dropped.freed + size
             if dropped.freed >= excess:
                 break
-        if dropped.last is not None:
-            self._db.execute("DELETE FROM messages WHERE seq <= ?", (dropped.last,))
+        if seqs:
+            self._delete(seqs)
+            dropped.last = max(seqs)
         return dropped
 
     def _forget(self, dropped: _Dropped) -> None:
@@ -285,13 +295,13 @@ class Spool:
         self._forget(dropped)
         self._disk_dropped += dropped.count
 
-    def _retry_after_full(self, seq: int, size: int, blob: bytes, mark: Mark | None) -> bool:
+    def _retry_after_full(self, seq: int, size: int, blob: bytes, mark: Mark | None, keep: bool) -> bool:
         """After an append failed for lack of space: checkpoint, drop the oldest, try once more. False when the
         new message had to be dropped instead."""
         self._checkpoint()
         self._drop_for_disk(size)
         try:
-            self._insert(seq, size, blob, mark)
+            self._insert(seq, size, blob, mark, keep)
             return True
         except _DiskFull:
             pass
@@ -345,8 +355,8 @@ class Spool:
     def _report_drops(self) -> None:
         """One warning for the drops since the last one (a full spool drops on every append: no flood)."""
         log.warning(
-            "spool %s is over its %d-byte bound: dropped the %d oldest unacknowledged message(s) (up to seq %d); "
-            "%d dropped so far",
+            "spool %s is over its %d-byte bound: dropped the %d oldest unacknowledged message(s) (the newest of "
+            "them seq %d; events and footage are kept while there are others to drop); %d dropped so far",
             self.path,
             self.max_bytes,
             self._unreported,
@@ -384,6 +394,9 @@ def _connect(path: Path) -> sqlite3.Connection:
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("PRAGMA secure_delete=FAST")  # Debian's default (ON) writes every acked byte again, as zeros
         db.executescript(_SCHEMA)
+        if "keep" not in {row[1] for row in db.execute("PRAGMA table_info(messages)")}:  # a spool from before it
+            db.execute("ALTER TABLE messages ADD COLUMN keep INTEGER NOT NULL DEFAULT 0")
+        db.execute(_DROP_ORDER)
     except sqlite3.DatabaseError as exc:
         db.close()
         if exc.sqlite_errorcode in DAMAGED:

@@ -97,7 +97,7 @@ class Uplink:
             )
             return encode(header, clip or b"")
 
-        self._spool(build, f"event {kind} {event.id}")
+        self._spool(build, f"event {kind} {event.id}", keep=True)
 
     def fragment(self, camera: str, fragment: Fragment) -> None:
         def build(seq: int) -> Frames:
@@ -141,7 +141,7 @@ class Uplink:
             return encode(header, jpeg)
 
         what = f"the end of footage {request}" if done else f"footage {request} frame {number}"
-        stored = self._spool(build, what, mark)
+        stored = self._spool(build, what, mark, keep=True)
         if stored and not done:
             self.counts["footage_spooled"] += 1
         return stored
@@ -175,14 +175,14 @@ class Uplink:
         with self._drained:
             return self._drained.wait_for(lambda: self.spool.messages == 0, timeout)
 
-    def _spool(self, build: Callable[[int], Frames], what: str, mark: Mark | None = None) -> bool:
+    def _spool(self, build: Callable[[int], Frames], what: str, mark: Mark | None = None, keep: bool = False) -> bool:
         def checked(seq: int) -> Frames:
             frames = build(seq)
             decode(frames)  # the cloud must be able to read it: a message it refuses would be resent for ever
             return frames
 
         try:
-            seq = self.spool.append(checked, mark)
+            seq = self.spool.append(checked, mark, keep)
         except (ProtocolError, ValidationError) as exc:
             self.counts["unsendable"] += 1
             why = validation_summary(exc) if isinstance(exc, ValidationError) else exc

@@ -138,6 +138,37 @@ def test_over_the_byte_bound_the_oldest_are_dropped_counted_and_logged(
     reopened.close()
 
 
+def test_messages_appended_with_keep_are_dropped_only_when_no_other_is_left(tmp_path: Path) -> None:
+    one = sum(len(frame) for frame in message(1000)(10**15))
+    spool = Spool(tmp_path, max_bytes=4 * one)
+    kept = spool.append(message(1000), keep=True)  # an event: the oldest message, yet not the first to go
+    frames = [spool.append(message(1000)) for _ in range(3)]
+    kept_too = spool.append(message(1000), keep=True)
+    assert spool.dropped == 1 and [s for s, _ in spool.after(0, 100)] == [kept, *frames[1:], kept_too]
+    for _ in range(3):  # only kept ones are left to drop: the oldest of them go
+        spool.append(message(1000), keep=True)
+    assert spool.dropped == 4 and kept not in [s for s, _ in spool.after(0, 100)]  # f2, f3, then the oldest kept
+    assert spool.messages == 4 and spool.bytes <= spool.max_bytes
+    spool.close()
+
+
+def test_a_spool_file_from_before_keep_is_upgraded_with_its_messages(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / FILE_NAME)
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
+        "CREATE TABLE messages (seq INTEGER PRIMARY KEY, size INTEGER NOT NULL, frames BLOB NOT NULL);"
+        "INSERT INTO meta VALUES ('next_seq', 8);"
+    )
+    packed = (3).to_bytes(4, "big") + b"abc"  # one frame as the spool packs messages: length, then bytes
+    db.execute("INSERT INTO messages VALUES (7, 3, ?)", (packed,))
+    db.commit()
+    db.close()
+    spool = Spool(tmp_path, max_bytes=10**6)
+    assert (spool.messages, spool.last_seq) == (1, 7) and spool.get(7) == [b"abc"]
+    assert spool.append(message(10), keep=True) == 8
+    spool.close()
+
+
 def test_bad_bound_and_unusable_folder_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(FilterForwardError, match="max_bytes"):
         Spool(tmp_path, 0)

@@ -26,7 +26,7 @@ from cloud.ingest import Ingest
 from cloud.publisher import Publisher
 from cloud.storage import Storage
 from common.curve import create_keypair
-from common.protocol import Stats
+from common.protocol import Stats, decode
 from edge.config import CloudLink, SpoolConfig, load_edge_config
 from edge.link import Link
 from edge.sink import MatchedFrame
@@ -340,10 +340,17 @@ def test_stats_reach_the_cloud_and_a_full_spool_says_what_it_dropped(
 
     cloud.stop()
     small_link, small = make_uplink(cloud.link(), tmp_path / "small", max_bytes=5 * len(JPEG))
+    event = Event("gate/red/0", "red", "gate", 0, 0.0, None, None, 0.9, peak_frame=0)
     with caplog.at_level("WARNING", logger="edge.spool"):
-        send_frames(small, 10)
+        small.event("start", event)
+        send_frames(small, 5, events=[event.id])
+        small.event("end", replace(event, end_frame=4, end_time=0.4))
+        send_frames(small, 10, start=5)
     assert small.stats()["spool_dropped"] > 0 and small.spool.bytes <= 5 * len(JPEG)
     assert "dropped the" in caplog.text
+    # The event's start and end outlive the older frames: events are dropped last.
+    kinds = [decode(frames)[0].type for _, frames in small.spool.after(0, 100)]
+    assert kinds[:2] == ["event", "event"] and kinds.count("frame") == small.spool.messages - 2
     close(small_link, small)
 
 
