@@ -67,6 +67,7 @@ class FilterSync:
         self._snapshot: dict[str, Update] = {}
         self._awaiting_since: float | None = None  # when the outstanding snapshot was requested
         self._held: list[Update] = []  # published changes that arrived while awaiting a snapshot
+        self._announced: tuple[int, list[str]] | None = None  # the version and filters the last snapshot logged
         self._worker = Worker("filtersync", self._serve)
         link.route(FilterUpdate, self._reply)
         link.route(SnapshotEnd, self._reply)
@@ -161,7 +162,12 @@ class FilterSync:
         for header, payload in snapshot.values():
             self._put(header, payload)
         self._set_version(version)
-        log.info("filters in step with the cloud at version %d: %s", version, sorted(self.bank.filters) or "none")
+        # A cloud restart can be noticed twice (its new session, the reconnect): a snapshot that changed nothing
+        # since the last one said so goes to the debug level.
+        state = (version, sorted(self.bank.filters))
+        level = logging.INFO if state != self._announced else logging.DEBUG
+        self._announced = state
+        log.log(level, "filters in step with the cloud at version %d: %s", version, state[1] or "none")
         self._keep()
         held, self._held = self._held, []
         for header, payload in sorted(held, key=lambda update: update[0].version):

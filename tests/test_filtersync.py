@@ -3,6 +3,7 @@ edge."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -159,6 +160,23 @@ def test_after_a_cloud_restart_the_edge_catches_up(
     with cloud.sessions() as session:
         assert session.scalar(select(Filter.name)) == "d"
     edge.close()
+
+
+def test_a_cloud_restart_that_changed_nothing_is_not_announced_again(
+    cloud: Cloud, registry: Registry, make_filter, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry.create(*make_filter("full_frame", "late", SIZE, name="a"))
+    with caplog.at_level(logging.DEBUG, logger="edge.filtersync"):
+        edge = Edgeside(cloud, tmp_path)
+        cloud.stop()
+        cloud.start()
+
+        def in_step() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage().startswith("filters in step")]
+
+        wait_until(lambda: len(in_step()) >= 2)  # the snapshot after the restart was applied
+        edge.close()
+    assert [r.levelno for r in in_step()][:2] == [logging.INFO, logging.DEBUG]
 
 
 def node_config(cloud: Cloud, clip: Path, base_model: Path, folder: Path) -> EdgeConfig:
