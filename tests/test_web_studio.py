@@ -154,6 +154,14 @@ def test_datasets_are_listed_uploaded_requested_and_deleted(page: Page, cloud: C
         assert rest(cloud, "GET", f"/api/datasets/{name}").status_code == 404
 
 
+def test_the_studio_fits_a_phone_without_sideways_scrolling(page: Page, cloud: CloudServer, clip: Path) -> None:
+    upload(cloud, clip, "phone")
+    open_studio(page, "phone", "person")
+    for width in (800, 412):
+        page.set_viewport_size({"width": width, "height": 900})
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+
+
 def test_an_upload_of_one_frame_says_so_without_a_rate(page: Page, cloud: CloudServer, clip: Path) -> None:
     form = page.get_by_test_id("upload-form")
     page.get_by_text("Upload a recorded clip").click()
