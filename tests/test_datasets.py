@@ -321,6 +321,9 @@ def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) ->
         ("frame_index,a\n0,1\n", "fps: true\n", "invalid at fps: Input should be a valid number"),
         ("frame_index,a\n0,1\n", "fps: 10\nevents: [camera_frame]\n", "event name 'camera_frame' is not allowed"),
         ("frame_index,a\n0,1\n", "fps: 10\nevents: [a, a]\n", "event 'a' is listed twice"),
+        # A column's name would become a bundle's folder: '../../x' wrote one outside --out.
+        ("frame_index,../../x\n0,1\n", "fps: 10\n", r"labels\.csv: event name '\.\./\.\./x' is not allowed.*rename"),
+        ("frame_index,,a\n0,1,0\n", "fps: 10\n", r"event name '' is not allowed"),
     ],
 )
 def test_bad_dataset_folders_are_reported(tmp_path: Path, labels: str, config: str, message: str) -> None:

@@ -291,6 +291,9 @@ def read_labels(table: Table, n_frames: int, events: list[str] | None = None) ->
                     "value to use it as one",
                     path, name, values[bad], frame_index[bad],
                 )  # fmt: skip
+    for name in names:  # a name becomes part of paths (a bundle's folder) and of filter specs
+        if (problem := event_name_problem(name)) is not None:
+            raise FilterForwardError(f"{path}: {problem}: rename that column")
     missing = [name for name in names if name not in columns]
     if missing:
         raise FilterForwardError(f"{path} lacks the event columns {missing} named in {CONFIG_FILE}: add or unlist them")
