@@ -116,6 +116,8 @@ def plan_folds(labels: np.ndarray, span: tuple[int, int], merge_gap: int, guard:
     if len(folds) >= 2:
         return FoldPlan(tuple(folds), len(found), "occurrences", runs, merge_gap)
     blocks = _folds(_class_blocks(labels, span), labels, span, guard)
+    if not any((labels[fold.held_out] == 1).any() for fold in blocks):
+        blocks = []  # no fold holds out a positive (one positive frame): an event F1 over no events is 1.0
     return FoldPlan(tuple(blocks), len(found), "blocks", runs, merge_gap)
 
 

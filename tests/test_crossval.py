@@ -80,6 +80,14 @@ def test_too_little_data_gives_no_folds_to_validate_with() -> None:
     assert len(plan_folds(labels, (0, 20), merge_gap=2, guard=2).folds) == 0
 
 
+def test_one_positive_frame_gives_no_folds_rather_than_folds_without_the_event() -> None:
+    """The one positive frame's third cannot be held out (its fold would train without positives); the other two
+    folds hold out negatives only, and an event F1 over no events is 1.0: that estimate shipped as 1.000."""
+    labels = np.zeros(30, np.int8)
+    labels[5] = 1
+    assert len(plan_folds(labels, (0, 30), merge_gap=2, guard=0).folds) == 0
+
+
 def test_the_operating_point_is_the_middle_of_what_worked_on_held_out_frames() -> None:
     labels = labels_with(200, (50, 80), (140, 170))
     scores = np.where(labels == 1, 0.9, 0.02)
