@@ -140,6 +140,27 @@ def test_int8_fc_weights_keep_a_trained_localized_filters_f1(intel_car: Path, tm
     assert abs(int8["matched_frames"] - fp32.matched_frames) <= 2
 
 
+def test_demo_refuses_a_folder_of_someone_else_s_files_and_bad_options_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from filterforward.cli import main
+    from filterforward.commands.demo import claim_folder
+
+    out = tmp_path / "mine"
+    (out / "edge").mkdir(parents=True)
+    (out / "edge" / "important.txt").write_text("keep me\n")  # the demo's edge/ would have been deleted
+    assert main(["demo", "--frames", "60", "--out", str(out)]) == 2
+    assert "holds files of its own" in capsys.readouterr().err and not (out / "synthetic").exists()
+    assert (out / "edge" / "important.txt").read_text() == "keep me\n"
+    for bad, message in [("--steps=0", "--steps must be at least 1"), ("--input-size=100x100", "multiples of 32")]:
+        assert main(["demo", bad, "--out", str(tmp_path / "new")]) == 2
+        assert message in capsys.readouterr().err and not (tmp_path / "new").exists()
+    claim_folder(tmp_path / "new", force=False)  # a new folder becomes the demo's ...
+    (tmp_path / "new" / "synthetic").mkdir()
+    claim_folder(tmp_path / "new", force=False)  # ... and a later run writes in it again
+    claim_folder(out, force=True)
+
+
 def test_demo_runs_end_to_end_on_a_fresh_synthetic_clip(tmp_path: Path) -> None:
     result = filterforward("demo", "--frames", "300", "--steps", "80", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr

@@ -13,7 +13,10 @@ import shutil
 from pathlib import Path
 
 from filterforward.commands.train import add_arch_option
+from models.errors import FilterForwardError
 from models.mc_kinds import AUTO
+
+MARKER = ".filterforward-demo"  # in a working folder the demo made: a later run replaces what it wrote there
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,6 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--steps", type=int, default=300, help="training steps")
     parser.add_argument("--out", type=Path, default=Path("runs/demo"), help="working folder (default runs/demo)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write into an --out that holds other files (its synthetic/, filters/ and edge/ are replaced)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -45,14 +53,21 @@ def run(args: argparse.Namespace) -> int:
     from filterforward.commands.options import check_writable, parse_size
     from filterforward.commands.train import report
     from models.datasets import open_dataset, write_synthetic
-    from models.errors import FilterForwardError
     from models.model_selection import CANDIDATES, CandidateEstimate, train_default
-    from models.taps import default_input_size
+    from models.taps import check_input_size, default_input_size
     from models.training import TrainConfig, train_mc
 
     if not 0.1 <= args.train_fraction <= 0.9:
         raise FilterForwardError(f"--train-fraction {args.train_fraction} must be between 0.1 and 0.9")
+    if args.steps < 1:
+        raise FilterForwardError(f"--steps must be at least 1, got {args.steps}")
+    if args.input_size:  # before minutes of clip rendering
+        try:
+            check_input_size(parse_size(args.input_size))
+        except ValueError as exc:
+            raise FilterForwardError(f"--input-size: {exc}") from None
     check_writable(args.out, "--out", folder=True)
+    claim_folder(args.out, args.force)
     if args.dataset:
         dataset = open_dataset(args.dataset)
     else:
@@ -93,6 +108,18 @@ def run(args: argparse.Namespace) -> int:
     print(format_report(evaluate(dataset, [trained.bundle], (split, dataset.n_frames))))
     print(f"\nfilter bundle: {trained.bundle}\nmatched frames (stream/: H.264 fragments) and events.jsonl: {sink}")
     return 0
+
+
+def claim_folder(out: Path, force: bool) -> None:
+    """The demo replaces its synthetic/, filters/ and edge/ in --out on every run: a folder holding anything but an
+    earlier demo's is refused unless --force, so a mistyped --out loses no files."""
+    if out.is_dir() and not (out / MARKER).exists() and any(out.iterdir()) and not force:
+        raise FilterForwardError(
+            f"--out {out} holds files of its own, and the demo replaces what it writes there: give a new or empty "
+            "folder, or --force to write into it anyway"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER).touch()
 
 
 def format_events(events_file: Path, fps: float, split: int) -> str:
