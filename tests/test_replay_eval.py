@@ -73,6 +73,18 @@ def test_frames_with_no_certain_label_are_refused_before_the_replay(intel_car: P
     assert scored_frames(edges[slice(*HELD_OUT)], 29) == HELD_OUT[1] - HELD_OUT[0] - 2 * 29
 
 
+def test_a_range_without_the_event_is_said_to_score_nothing(intel_car: Path, red_filter: Path) -> None:
+    """An event F1 over no labelled occurrence reads 1.000 for a filter that sends nothing: the report says so."""
+    from filterforward.commands.eval import format_report
+
+    dataset = open_dataset(intel_car)
+    never = dataclasses.replace(dataset, labels={**dataset.labels, "never": np.zeros(dataset.n_frames, np.int8)})
+    report = format_report(evaluate(never, [red_filter], HELD_OUT, event="never", progress=False))
+    assert "note: frames 212:377 hold no occurrence of 'never': red_vehicle_present" in report
+    report = format_report(evaluate(dataset, [red_filter], HELD_OUT, progress=False))
+    assert "note:" not in report and "events = the events the filter reported" in report
+
+
 def test_a_filter_for_named_cameras_is_evaluated_all_the_same(
     intel_car: Path, red_filter: Path, tmp_path: Path
 ) -> None:

@@ -90,6 +90,14 @@ def format_report(report: ReplayReport) -> str:
             f"{f.name:<{width}} {f.event:<22} {s.f1:6.3f} {s.precision:6.3f} {s.event_recall:6.3f} {s.existence:6.3f} "
             f"{s.overlap:7.3f} {f.events:6d} {f.matched_frames:6d}"
         )
+    lines.append("events = the events the filter reported, sent = the frames it sent")
+    frames = f"{report.frames[0]}:{report.frames[1]}"
+    for f in report.filters:
+        if f.scores.n_events == 0:  # an event F1 over no labelled occurrence is 1.0 when nothing is sent
+            lines.append(
+                f"note: frames {frames} hold no occurrence of {f.event!r}: {f.name}'s scores only say whether it "
+                "sent anything; evaluate on frames with the event"
+            )
     whole = report.stream_bps
     n = report.frames[1] - report.frames[0]
     lines += [
