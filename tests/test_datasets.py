@@ -168,7 +168,7 @@ def test_export_mot_round_trips(campus: Path, tmp_path: Path) -> None:
         export_mot(campus, out)
 
 
-def test_mot_classes_flags_and_image_folder(tmp_path: Path) -> None:
+def test_mot_classes_flags_and_image_folder(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "MOT17-XX"
     _write_images(root / "img1", 5, size=(100, 80))
     (root / "seqinfo.ini").write_text(
@@ -203,6 +203,30 @@ def test_mot_classes_flags_and_image_folder(tmp_path: Path) -> None:
     (root / "gt" / "gt.txt").write_text("\n".join(row + ",0,0" for row in rows) + "\n")
     with pytest.raises(FilterForwardError, match=r"gt.txt has 11 columns: MOT ground truth has 9 \(MOT16/17/20"):
         mot_dataset(root)
+    # Ground truth that is not numbers, or not as many on every line, is told by its 1-based line.
+    for text, message in [
+        ("\n".join(rows[:2]) + "\n3,2,10\n", r"gt.txt line 3 has 3 fields where the lines before have 9"),
+        (rows[0] + "\n\n2,1,a,10,20,40,0,1,1.0\n", r"gt.txt line 3 is '2,1,a,10.*comma-separated numbers"),
+        (rows[0].replace("10,10", "nan,10", 1) + "\n", r"gt.txt line 1 is '1,1,nan"),
+    ]:
+        (root / "gt" / "gt.txt").write_text(text)
+        with pytest.raises(FilterForwardError, match=message):
+            mot_dataset(root)
+    (root / "gt" / "gt.txt").write_text("\n".join(rows) + "\n")
+    seqinfo = (root / "seqinfo.ini").read_text()
+    # A size of 0 divided by zero into labels without a word; a wrong one placed every box wrong.
+    (root / "seqinfo.ini").write_text(seqinfo.replace("imWidth=100", "imWidth=0"))
+    with pytest.raises(FilterForwardError, match=r"seqinfo.ini has imWidth=0: each must be a positive number"):
+        mot_dataset(root)
+    (root / "seqinfo.ini").write_text(seqinfo.replace("imWidth=100", "imWidth=20"))
+    with caplog.at_level(logging.WARNING, logger="models.datasets.mot"):
+        mot_dataset(root)
+    assert "says 20x80, the frames decode at 100x80" in caplog.text
+    assert "1 of 7 boxes have their foot point outside the 20x80 image" in caplog.text
+    (root / "seqinfo.ini").write_text("garbage[[\n")  # configparser's message spans three lines
+    with pytest.raises(FilterForwardError, match=r"seqinfo.ini is incomplete \(File contains no section") as info:
+        mot_dataset(root)
+    assert "\n" not in str(info.value)
 
 
 # --- the format -----------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import configparser
 import logging
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -79,7 +80,7 @@ def read_seqinfo(root: Path) -> SeqInfo:
     try:
         parser.read(path, encoding="utf-8-sig")  # -sig: an editor on Windows may prepend a BOM
         section = parser["Sequence"]
-        return SeqInfo(
+        info = SeqInfo(
             name=section.get("name", root.resolve().name),
             fps=float(section["frameRate"]),
             length=int(section["seqLength"]),
@@ -88,28 +89,51 @@ def read_seqinfo(root: Path) -> SeqInfo:
             image_dir=section.get("imDir", "img1"),
         )
     except (configparser.Error, KeyError, ValueError) as exc:
+        reason = " ".join(str(exc).split())  # configparser's messages span lines
         raise FilterForwardError(
-            f"{path} is incomplete ({exc!s}): it needs a [Sequence] with frameRate, seqLength, imWidth, imHeight"
+            f"{path} is incomplete ({reason}): it needs a [Sequence] with frameRate, seqLength, imWidth, imHeight"
         ) from None
+    numbers = {"frameRate": info.fps, "seqLength": info.length, "imWidth": info.width, "imHeight": info.height}
+    if bad := [f"{key}={value:g}" for key, value in numbers.items() if not 0 < value < math.inf]:
+        raise FilterForwardError(f"{path} has {', '.join(bad)}: each must be a positive number")
+    return info
 
 
 def read_gt(path: Path) -> np.ndarray:
     """gt.txt as a float array with one row per box, in one of the GT_LAYOUTS."""
     if not path.is_file():
         raise FilterForwardError(f"{path} is missing: a MOTChallenge sequence needs gt/gt.txt for labels")
-    text = path.read_text(encoding="utf-8-sig")
-    if not text.strip():
+    rows = _number_rows(path, path.read_text(encoding="utf-8-sig"))
+    if not rows.size:
+        log.warning("%s holds no boxes: every frame is labelled without the events", path)
         return np.empty((0, 10))
-    try:
-        rows = np.loadtxt(text.splitlines(), delimiter=",", ndmin=2)
-    except ValueError as exc:
-        raise FilterForwardError(
-            f"{path} is not a MOT ground-truth file ({exc!s}): expect comma-separated numbers"
-        ) from None
     if rows.shape[1] not in GT_LAYOUTS:  # another layout's class column would be read as something else, silently
         layouts = "; ".join(f"{columns} ({names})" for columns, names in GT_LAYOUTS.items())
         raise FilterForwardError(f"{path} has {rows.shape[1]} columns: MOT ground truth has {layouts}")
     return rows
+
+
+def _number_rows(path: Path, text: str) -> np.ndarray:
+    """Comma-separated finite numbers, one row per line (blank lines skipped), every row as long as the first."""
+    rows: list[list[float]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            values = [float(field) for field in line.split(",")]
+        except ValueError:
+            values = []
+        if not values or not all(math.isfinite(value) for value in values):
+            raise FilterForwardError(
+                f"{path} line {number} is {line.strip()[:60]!r}: MOT ground truth is comma-separated numbers"
+            )
+        if rows and len(values) != len(rows[0]):
+            raise FilterForwardError(
+                f"{path} line {number} has {len(values)} fields where the lines before have {len(rows[0])}: "
+                "every line of MOT ground truth has the same columns"
+            )
+        rows.append(values)
+    return np.array(rows, dtype=float).reshape(len(rows), -1)
 
 
 def _check_numbered(folder: Path, images: list[Path]) -> None:
@@ -153,7 +177,34 @@ def _load(path: str | Path) -> _Sequence:
             frames.n_frames,
             frames.n_frames,
         )
-    return _Sequence(root, info, source, frames, read_gt(root / "gt" / "gt.txt"))
+    sequence = _Sequence(root, info, source, frames, read_gt(root / "gt" / "gt.txt"))
+    _check_size(sequence)
+    return sequence
+
+
+OUTSIDE_SHARE = 0.05  # boxes whose foot point lies past seqinfo's image size: more than this, the size is suspect
+
+
+def _check_size(seq: _Sequence) -> None:
+    """Boxes are read in seqinfo.ini's image size (a video re-encoded at another size is fine); say when the frames
+    decode at another size, and when many boxes' foot points lie past that size (a wrong imWidth or imHeight)."""
+    width, height = seq.info.width, seq.info.height
+    if seq.frames.frame_size != (width, height):
+        log.warning(
+            "%s: seqinfo.ini says %dx%d, the frames decode at %dx%d: the boxes are read in seqinfo's size (right when "
+            "the video was rescaled from the sequence's images)",
+            seq.root, width, height, *seq.frames.frame_size,
+        )  # fmt: skip
+    if not len(seq.boxes):
+        return
+    x, y, w, h = (seq.boxes[:, i] for i in range(2, 6))
+    outside = ((x + w / 2) > width) | ((x + w / 2) < 0) | ((y + h) > height * (1 + OUTSIDE_SHARE))
+    if outside.mean() > OUTSIDE_SHARE:
+        log.warning(
+            "%s: %d of %d boxes have their foot point outside the %dx%d image seqinfo.ini gives: check imWidth and "
+            "imHeight (the labels place every box by them)",
+            seq.root, int(outside.sum()), len(seq.boxes), width, height,
+        )  # fmt: skip
 
 
 def _box_kinds(seq: _Sequence) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
