@@ -9,12 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from models.mc_kinds import MC_KINDS
 from models.roi import FULL_FRAME, ROI
+from models.taps import PIXELS
 
 # Fixed when this module loads, so that the JSON schema (and the cloud's OpenAPI) lists exactly the kinds.
 Architecture = Literal[tuple(MC_KINDS)]
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # edge and camera ids (the edge config's names)
 EVERY_CAMERA = "*"
+EVENT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"  # an event is a labels.csv column: it names files and folders
 CameraName = Annotated[str, Field(min_length=1, max_length=128)]
 WarningText = Annotated[str, Field(max_length=2000)]
 MAX_MOTION_FRAMES = 64
@@ -132,7 +134,32 @@ class FilterSpec(BaseModel):
                         f"camera {camera!r} is no camera name an edge can have (letters, digits, '_', '.', '-', up to "
                         f"64; '{EVERY_CAMERA}' for every camera): use the name in the edge's config"
                     )
+        if info.context and info.context.get("input") and (twice := _repeated(cameras)):
+            raise ValueError(f"camera {twice!r} is listed twice: list each camera once")
         return cameras
+
+    @field_validator("event")
+    @classmethod
+    def _event_a_dataset_can_have(cls, event: str, info: ValidationInfo) -> str:
+        """Input only, as cameras: an event is a dataset's labels.csv column (the studio labels it by this name)."""
+        if info.context and info.context.get("input") and event and not re.match(EVENT_PATTERN, event):
+            raise ValueError(
+                f"event {event!r} is no event name a dataset can have (a letter or '_', then letters, digits, '_', "
+                "'.', '-', up to 64): use the labels.csv column the filter was trained for, or leave it empty"
+            )
+        return event
+
+    @model_validator(mode="after")
+    def _tap_of_its_kind(self, info: ValidationInfo) -> FilterSpec:
+        """Input only: the edge reads pixels for a pixel kind (discrete) and a base-DNN tap for the others."""
+        if (
+            info.context
+            and info.context.get("input")
+            and MC_KINDS[self.architecture].reads_pixels != (self.tap == PIXELS)
+        ):
+            wanted = f"tap '{PIXELS}'" if MC_KINDS[self.architecture].reads_pixels else "a base-DNN tap"
+            raise ValueError(f"a {self.architecture} MC reads {wanted}, not tap {self.tap!r}: fix the architecture")
+        return self
 
     @model_validator(mode="after")
     def _one_place_for_warnings(self) -> FilterSpec:
@@ -147,3 +174,9 @@ class FilterSpec(BaseModel):
 
     def applies_to(self, camera: str) -> bool:
         return EVERY_CAMERA in self.cameras or camera in self.cameras
+
+
+def _repeated(items: list[str]) -> str | None:
+    """The first item listed a second time, None if none is."""
+    seen: set[str] = set()
+    return next((item for item in items if item in seen or seen.add(item)), None)

@@ -18,13 +18,12 @@ from cloud.db import Dataset
 from cloud.routers import DatasetsDep, SessionDep
 from cloud.schemas import Number, UtcDatetime, errors
 from common.protocol import ID_PATTERN
-from models.filterspec import NAME_PATTERN
+from models.filterspec import EVENT_PATTERN, NAME_PATTERN
 from models.roi import MAX_POLYGON_POINTS
 
 router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(400, 401, 403, 404, 409, 422, 503))
 Reader = Depends(require("read"))
 Writer = Depends(require("write"))
-EVENT_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"  # labels.csv's own columns are refused by the service
 MAX_CLIP_BYTES = 2 * 2**30  # an uploaded clip: far above any camera clip worth labelling, below a full disk
 COPY_CHUNK = 2**20
 

@@ -10,12 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cloud.auth import require
 from cloud.db import TrainingJob
-from cloud.routers.datasets import EVENT_PATTERN
 from cloud.routers.events import MAX_ROW_ID
 from cloud.routers.filters import UploadLimitRoute, filter_out, read_model
 from cloud.schemas import ClaimOut, FilterOut, Number, TrainingJobOut, TrainingOptions, errors
 from cloud.training import TrainingJobs
-from models.filterspec import NAME_PATTERN
+from models.filterspec import EVENT_PATTERN, NAME_PATTERN
 
 TRAINER_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}$"
 # ":int": /claim is no job id (GET /claim is 405, not 422); ids fit the database's 64-bit integers.

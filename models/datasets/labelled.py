@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from models.datasets.frames import IMAGE_SUFFIXES, VIDEO_SUFFIXES, image_files, is_video, probe, read_frames
 from models.errors import FilterForwardError, validation_summary
 from models.evaluation import runs
+from models.filterspec import EVENT_PATTERN
 from models.roi import FULL_FRAME, INPUT, ROI, Polygon
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ FRAME_INDEX = "frame_index"
 UNCERTAIN = -1
 EVENT_VALUES = frozenset({"0", "1", "-1"})
 NEAR_EVENT = 0.9  # a column with at least this share of 1/0/-1 values was meant as an event
-_EVENT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+_EVENT_NAME = re.compile(EVENT_PATTERN)
 
 
 Region = ROI | Polygon
