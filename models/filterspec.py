@@ -28,7 +28,7 @@ class Smoothing(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    threshold: float = Field(0.5, gt=0.0, lt=1.0)
+    threshold: float = Field(0.5, gt=0.0, lt=1.0, allow_inf_nan=False)
     k: int = Field(3, ge=1)
     n: int = Field(5, ge=1, le=256)
 
@@ -60,11 +60,11 @@ class Validation(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    event_f1: float = Field(ge=0.0, le=1.0, description="event F1 over all held-out frames")
-    f1_min: float = Field(ge=0.0, le=1.0, description="the worst fold's event F1")
-    f1_max: float = Field(ge=0.0, le=1.0, description="the best fold's event F1")
-    precision: float = Field(ge=0.0, le=1.0)
-    event_recall: float = Field(ge=0.0, le=1.0)
+    event_f1: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="event F1 over all held-out frames")
+    f1_min: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="the worst fold's event F1")
+    f1_max: float = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="the best fold's event F1")
+    precision: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    event_recall: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     folds: int = Field(ge=0, le=64)
     occurrences: int = Field(ge=0, description="separate occurrences of the event in the training frames")
     method: Literal["occurrences", "blocks"]
@@ -79,7 +79,9 @@ class MotionVeto(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    min_foreground: float = Field(gt=0.0, le=1.0, description="share of the region's pixels that moved")
+    min_foreground: float = Field(
+        gt=0.0, le=1.0, allow_inf_nan=False, description="share of the region's pixels that moved"
+    )
     frames: int = Field(5, ge=1, le=MAX_MOTION_FRAMES, description="frames back the motion may lie")
 
 

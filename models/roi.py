@@ -92,10 +92,10 @@ class ROI(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    x0: float = Field(0.0, ge=0.0, le=1.0)
-    y0: float = Field(0.0, ge=0.0, le=1.0)
-    x1: float = Field(1.0, ge=0.0, le=1.0)
-    y1: float = Field(1.0, ge=0.0, le=1.0)
+    x0: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    y0: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    x1: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    y1: float = Field(1.0, ge=0.0, le=1.0, allow_inf_nan=False)
     polygon: tuple[Point, ...] | None = Field(
         None, description="points (x, y) in 0..1; only the cells whose centres lie inside count"
     )

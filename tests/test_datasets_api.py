@@ -179,6 +179,10 @@ def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path
         garbage = client.post("/api/datasets/upload", data={"name": "garbage"}, files={"video": ("c.mp4", b"x" * 99)})
         assert garbage.status_code == 422 and "video" in garbage.json()["detail"]
         assert client.get("/api/datasets/garbage").status_code == 404
+        # NaN is no number out of range but no number at all (it was told "less than or equal to 3600").
+        video = {"video": ("c.mp4", b"x" * 99)}
+        not_a_number = client.post("/api/datasets/upload", data={"name": "nan", "every": "nan"}, files=video)
+        assert not_a_number.status_code == 422 and "every: Input should be a finite number" in not_a_number.text
         assert client.get("/api/datasets/refusals").json() == before
         frames = client.get("/api/datasets/refusals").json()["frames"]
         beyond = client.get("/api/datasets/refusals/frames/999.jpg")

@@ -29,7 +29,10 @@ COPY_CHUNK = 2**20
 
 DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, description="the dataset's name")]
 EventName = Annotated[str, Field(pattern=EVENT_PATTERN, description="an event (a labels.csv column)")]
-Point = tuple[Annotated[float, Number, Field(ge=0, le=1)], Annotated[float, Number, Field(ge=0, le=1)]]
+Point = tuple[
+    Annotated[float, Number, Field(ge=0, le=1, allow_inf_nan=False)],
+    Annotated[float, Number, Field(ge=0, le=1, allow_inf_nan=False)],
+]
 
 
 class FootageIn(BaseModel):
@@ -38,8 +41,12 @@ class FootageIn(BaseModel):
     name: str = Field(pattern=NAME_PATTERN, description="the dataset's name (lowercase letters, digits, _ . -)")
     edge: str = Field(pattern=ID_PATTERN)
     camera: str = Field(pattern=ID_PATTERN)
-    every: Annotated[float, Number] = Field(1.0, ge=0, le=3600, description="seconds between frames; 0: every frame")
-    duration: Annotated[float, Number] = Field(300.0, gt=0, le=86400, description="seconds of stream time to cover")
+    every: Annotated[float, Number] = Field(
+        1.0, ge=0, le=3600, allow_inf_nan=False, description="seconds between frames; 0: every frame"
+    )
+    duration: Annotated[float, Number] = Field(
+        300.0, gt=0, le=86400, allow_inf_nan=False, description="seconds of stream time to cover"
+    )
     max_frames: Annotated[int, Number] = Field(300, ge=1, le=100_000)
 
 
@@ -117,7 +124,9 @@ def upload_clip(
     video: Annotated[UploadFile, File(description="a recorded clip (MP4, MKV, AVI, ...)")],
     datasets: DatasetsDep,
     session: SessionDep,
-    every: Annotated[float, Form(ge=0, le=3600, description="seconds between frames kept; 0: every frame")] = 0.0,
+    every: Annotated[
+        float, Form(ge=0, le=3600, allow_inf_nan=False, description="seconds between frames kept; 0: every frame")
+    ] = 0.0,
 ) -> DatasetOut:
     """A recorded clip as a dataset: its frames (one every `every` s) become the dataset's images."""
     with tempfile.NamedTemporaryFile(suffix=".video") as copy:

@@ -60,7 +60,7 @@ class ProgressIn(BaseModel):
 
     trainer: str = Field(pattern=TRAINER_NAME)
     stage: Literal["download", "features", "training", "exporting"]
-    fraction: Annotated[float, Number] = Field(ge=0.0, le=1.0, description="of the whole job")
+    fraction: Annotated[float, Number] = Field(ge=0.0, le=1.0, allow_inf_nan=False, description="of the whole job")
     message: str = Field("", max_length=500)
     attempt: Annotated[int, Number] | None = Field(None, ge=1, le=2**31 - 1, description=ATTEMPT_HELP)
 
