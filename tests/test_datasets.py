@@ -316,7 +316,9 @@ def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) ->
     [
         ("frame_index,a\n0,1\n1,2\n", "fps: 10\nevents: [a]\n", r"row 3: event 'a' has value '2'"),
         ("frame_index,a\n0,1\n1.5,0\n", "fps: 10\n", r"row 3: frame_index '1.5' is not a whole number"),
-        ("frame_index,a\n0,1\n" + "9" * 23 + ",0\n", "fps: 10\n", r"row 3: frame_index '9+' is not a whole"),
+        ("frame_index,a\n0,1\n" + "9" * 23 + ",0\n", "fps: 10\n", r"row 3: frame_index '9+' is far past any"),
+        ("frame_index,a\n0,1\n1_0,0\n", "fps: 10\n", r"row 3: frame_index '1_0' is not a whole number"),
+        ("frame_index,a\n0,1\n\u0663,0\n", "fps: 10\n", r"row 3: frame_index '\u0663' is not a whole number"),
         ("frame_index,a\n0,1\n", "fps: .inf\n", r"fps: Input should be less than or equal to 1000"),
         ("frame_index,a\n0,1\n0,0\n", "fps: 10\n", "lists frame 0 twice"),
         ("frame_index,a\n-1,1\n", "fps: 10\n", "negative frame_index"),
@@ -345,6 +347,7 @@ def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) ->
         ("frame_index,a\n0,1\n", "fps: true\n", "invalid at fps: Input should be a valid number"),
         ("frame_index,a\n0,1\n", "fps: 10\nevents: [camera_frame]\n", "event name 'camera_frame' is not allowed"),
         ("frame_index,a\n0,1\n", "fps: 10\nevents: [a, a]\n", "event 'a' is listed twice"),
+        ("frame_index,a\n0,1\n", "fps: 10\nevents: []\n", r"dataset.yaml lists no events \(events: \[\]\)"),
         # A column's name would become a bundle's folder: '../../x' wrote one outside --out.
         ("frame_index,../../x\n0,1\n", "fps: 10\n", r"labels\.csv: event name '\.\./\.\./x' is not allowed.*rename"),
         ("frame_index,,a\n0,1,0\n", "fps: 10\n", r"event name '' is not allowed"),

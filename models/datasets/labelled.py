@@ -298,6 +298,11 @@ def read_labels(table: Table, n_frames: int, events: list[str] | None = None) ->
     missing = [name for name in names if name not in columns]
     if missing:
         raise FilterForwardError(f"{path} lacks the event columns {missing} named in {CONFIG_FILE}: add or unlist them")
+    if events is not None and not events:
+        raise FilterForwardError(
+            f"{CONFIG_FILE} lists no events (events: []): list the {path.name} columns that are events, or drop the "
+            "events: line to take every column of 0, 1 and -1"
+        )
     if not names:
         raise FilterForwardError(
             f"{path} has no event column (values 0, 1 or -1 on every row{_first_non_event_value(columns, frame_index)})"
@@ -402,15 +407,21 @@ def _first_non_label(values: list[str]) -> int | None:
     return next((i for i, value in enumerate(values) if value not in EVENT_VALUES), None)
 
 
+_WHOLE_NUMBER = re.compile(r"^\s*-?[0-9]+\s*$")  # ASCII digits: int() also reads '1_0' as 10 and other scripts' digits
+_MAX_FRAME_DIGITS = 18  # int64
+
+
 def _frame_indices(path: Path, rows: list[list[str]]) -> np.ndarray:
     indices = np.empty(len(rows), dtype=np.int64)
     for number, row in enumerate(rows, start=2):
-        try:
-            indices[number - 2] = int(row[0])
-        except (ValueError, OverflowError):  # OverflowError: past int64
+        text = row[0]
+        if not _WHOLE_NUMBER.match(text):
             raise FilterForwardError(
-                f"{path} row {number}: {FRAME_INDEX} {row[0]!r} is not a whole number: use 0-based frame numbers"
-            ) from None
+                f"{path} row {number}: {FRAME_INDEX} {text!r} is not a whole number: use 0-based frame numbers"
+            )
+        if len(text.strip().lstrip("-")) > _MAX_FRAME_DIGITS:
+            raise FilterForwardError(f"{path} row {number}: {FRAME_INDEX} {text!r} is far past any video's frames")
+        indices[number - 2] = int(text)
     if (indices < 0).any():
         raise FilterForwardError(f"{path} has a negative {FRAME_INDEX}: use 0-based decoded frame numbers")
     unique, counts = np.unique(indices, return_counts=True)
