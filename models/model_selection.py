@@ -140,7 +140,11 @@ def best_draws(
     workers = max(1, usable_cores() // threads)
     with torch_threads(threads), ThreadPoolExecutor(workers, "fit") as pool:
         try:
-            started = [(data, candidate, _start_draws(data, candidate, pool)) for data, candidate in candidates]
+            # The candidates share the event's labels and frames: a plan that cannot be made is said once.
+            started = [
+                (data, candidate, _start_draws(data, candidate, pool, warn=index == 0))
+                for index, (data, candidate) in enumerate(candidates)
+            ]
             return [_keep_best(data, candidate, draws) for data, candidate, draws in started]
         except BaseException:
             pool.shutdown(cancel_futures=True)  # a failed fit or Ctrl-C: the fits still queued are not wanted
@@ -150,10 +154,10 @@ def best_draws(
 Draw = tuple[TrainConfig, FoldPlan, Iterator[tuple[MicroClassifier, list[float]]]]
 
 
-def _start_draws(data: TrainingData, candidate: TrainConfig, pool: Executor) -> list[Draw]:
+def _start_draws(data: TrainingData, candidate: TrainConfig, pool: Executor, warn: bool) -> list[Draw]:
     """The candidate's draws with their fold fits submitted to `pool`; none for data that cannot be
     cross-validated."""
-    plan = fold_plan(data, candidate)
+    plan = fold_plan(data, candidate, warn)
     if plan is None:
         return []
     draws = [dataclasses.replace(candidate, seed=candidate.seed + DRAW_SEED_STEP * draw) for draw in range(DRAWS)]

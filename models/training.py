@@ -342,15 +342,18 @@ Fit = Callable[[TrainingData], tuple[MicroClassifier, list[float]]]
 _INIT_LOCK = threading.Lock()
 
 
-def fold_plan(data: TrainingData, config: TrainConfig) -> FoldPlan | None:
-    """The folds of cross-validation over time (see models/crossval.py); None, with a warning, when the training
-    frames cannot be split into two folds that each hold both classes."""
+def fold_plan(data: TrainingData, config: TrainConfig, warn: bool = True) -> FoldPlan | None:
+    """The folds of cross-validation over time (see models/crossval.py); None (with a warning, if `warn`) when the
+    training frames cannot be split into two folds that each hold both classes and hold some of the event out."""
     # Runs of the event less than a second apart are one occurrence; frames within 0.2 s of a held-out frame
     # (near copies of it) or within a windowed MC's window are not trained on.
     merge_gap, guard = max(2, round(data.fps)), max(2, round(data.fps / 5), config.context)
     plan = plan_folds(data.frame_labels(), data.span, merge_gap=merge_gap, guard=guard)
     if len(plan.folds) < 2:
-        log.warning("cannot cross-validate %s: too few occurrences and negatives to hold any out", config.event)
+        if warn:
+            log.warning(
+                "cannot cross-validate %s: too few frames with and without it to hold some of each out", config.event
+            )
         return None
     return plan
 

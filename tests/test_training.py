@@ -563,9 +563,10 @@ def test_data_that_cannot_be_cross_validated_is_tried_once(
 ) -> None:
     config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 12), steps=4)
     data = load_training_data(tiny, config, base_model, progress=False)
+    late = dataclasses.replace(config, tap="late")
     with caplog.at_level(logging.WARNING, logger="models.training"):
-        assert best_draws([(data, config)]) == [(config, None)]
-    assert caplog.text.count("cannot cross-validate any_object") == 1
+        assert best_draws([(data, config), (data, late)]) == [(config, None), (late, None)]
+    assert caplog.text.count("cannot cross-validate any_object") == 1  # once for both candidates, as for one draw
 
 
 def test_an_event_seen_at_one_place_of_its_region_is_warned_about() -> None:
