@@ -458,6 +458,7 @@ def finish_training(
     with torch_threads(config.threads):
         raw = predict(model, data, frames, device=config.device)
     check_scores(raw, config)  # before the bundle's own check, which would only say the score is not a probability
+    check_learned(raw, config)
     scores = _vetoed(raw, frames, data, motion)
     labels = data.frame_labels()
     if validation is None:
@@ -525,6 +526,16 @@ def check_scores(scores: np.ndarray, config: TrainConfig) -> None:
         raise FilterForwardError(
             f"training diverged: the MC scores {bad} of {scores.size} training frames NaN after {config.steps} steps "
             f"with {config.optimizer} at lr {config.lr:g}, {DIVERGED_ADVICE}"
+        )
+
+
+def check_learned(scores: np.ndarray, config: TrainConfig) -> None:
+    """Refuse an MC that gives every training frame the same score: it learned nothing (a step too large for it
+    killed its units: 1-bit LAMB at lr 1e-2 ends at loss ln 2), and any threshold makes it fire always or never."""
+    if scores.size > 1 and np.ptp(scores) < 1e-6:
+        raise FilterForwardError(
+            f"training failed: the MC gives all {scores.size} training frames the same score {scores[0]:.3f} after "
+            f"{config.steps} steps with {config.optimizer} at lr {config.lr:g}, {DIVERGED_ADVICE}"
         )
 
 

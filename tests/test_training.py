@@ -734,6 +734,20 @@ def test_a_diverged_mc_with_finite_parameters_writes_no_bundle(
     assert not (tmp_path / "cli").exists()
 
 
+def test_an_mc_that_learned_nothing_writes_no_bundle(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
+    """Units killed by a step too large (1-bit LAMB at lr 1e-2 on the car clip ended at loss ln 2 on every seed)
+    leave one score for every frame: the bundle fired on every frame of the car clip."""
+    config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 40), steps=4)
+    data = load_training_data(tiny, config, base_model, progress=False)
+    model, losses = fit_mc(config, data, progress=False)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()  # a dead network: its logit is 0 whatever the frame
+    with pytest.raises(FilterForwardError, match=r"^training failed: the MC gives all 40 training frames the same "):
+        finish_training(model, data, config, tmp_path / "b", base_model, losses, None)
+    assert not (tmp_path / "b").exists()
+
+
 def test_an_input_size_that_cannot_fit_in_memory_is_refused_up_front(
     tiny: LabelledDataset, base_model: Path, tmp_path: Path
 ) -> None:
