@@ -531,7 +531,7 @@ def check_scores(scores: np.ndarray, config: TrainConfig) -> None:
 
 def check_learned(scores: np.ndarray, config: TrainConfig) -> None:
     """Refuse an MC that gives every training frame the same score: it learned nothing (a step too large for it
-    killed its units: 1-bit LAMB at lr 1e-2 ends at loss ln 2), and any threshold makes it fire always or never."""
+    killed its units: 1-bit LAMB given --lr 1e-2 ends at loss ln 2), and any threshold makes it fire always or never."""
     if scores.size > 1 and np.ptp(scores) < 1e-6:
         raise FilterForwardError(
             f"training failed: the MC gives all {scores.size} training frames the same score {scores[0]:.3f} after "

@@ -735,7 +735,7 @@ def test_a_diverged_mc_with_finite_parameters_writes_no_bundle(
 
 
 def test_an_mc_that_learned_nothing_writes_no_bundle(tiny: LabelledDataset, base_model: Path, tmp_path: Path) -> None:
-    """Units killed by a step too large (1-bit LAMB at lr 1e-2 on the car clip ended at loss ln 2 on every seed)
+    """Units killed by a step too large (1-bit LAMB given --lr 1e-2 on the car clip ended at loss ln 2 on every seed)
     leave one score for every frame: the bundle fired on every frame of the car clip."""
     config = TrainConfig(event="any_object", architecture="full_frame", input_size=TINY_SIZE, frames=(0, 40), steps=4)
     data = load_training_data(tiny, config, base_model, progress=False)
