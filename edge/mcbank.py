@@ -81,11 +81,7 @@ def load_mc(
 ) -> LoadedMC:
     """Check a filter against this node's base DNN and open its ONNX session (single-threaded: MCs are tiny)."""
     check_base_model(spec, base_model)
-    if tuple(spec.input_size) != tuple(input_size):
-        raise FilterForwardError(
-            f"filter {spec.name!r} was trained at input size {spec.input_size[0]}x{spec.input_size[1]} but this edge "
-            f"runs {input_size[0]}x{input_size[1]}: retrain it or change the edge's input_size"
-        )
+    check_input_size(spec, input_size)
     tap_shape = tap_shape_of(spec, taps, input_size)
     check_mc_model(spec, onnx_bytes, tap_shape)
     session = ort.InferenceSession(onnx_bytes, session_options(threads=1), providers=["CPUExecutionProvider"])
@@ -94,6 +90,15 @@ def load_mc(
     history_shape = (1, *history.shape[1:]) if history is not None else None
     key = f"{spec.name}#{next(_LOADS)}"
     return LoadedMC(spec, session, rows, cols, history_shape, onnx_bytes, default_opset(onnx_bytes), key)
+
+
+def check_input_size(spec: FilterSpec, input_size: tuple[int, int]) -> None:
+    """Refuse a filter trained at another base-DNN input size: its tap's cells would not be the ones it learned."""
+    if tuple(spec.input_size) != tuple(input_size):
+        raise FilterForwardError(
+            f"filter {spec.name!r} was trained at input size {spec.input_size[0]}x{spec.input_size[1]} but this edge "
+            f"runs {input_size[0]}x{input_size[1]}: retrain it or change the edge's input_size"
+        )
 
 
 def check_base_model(spec: FilterSpec, base_model: BaseModelId | None) -> None:

@@ -78,6 +78,11 @@ class _Target:
     fps: float | None = None  # the recording's rate as its dataset.yaml sets it, above the container's
 
 
+def check_source(url: str) -> None:
+    """Fail with one line, as opening the camera would, on a malformed source or a missing file (`config check`)."""
+    _resolve(url)
+
+
 def _resolve(url: str) -> _Target:
     """Classify the source string; every malformed or missing input fails here with one line."""
     text = url.strip()

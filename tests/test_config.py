@@ -176,6 +176,13 @@ def test_config_check_reports_ok_or_the_one_line_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     edge = write(tmp_path, EDGE)
+    # What `edge run` refuses at start is not "ok" either: a camera file that is not there, a filter that is not.
+    assert main(["config", "check", str(edge)]) == 2
+    assert f"camera gate: source {tmp_path / 'gate.mp4'} does not exist" in capsys.readouterr().err
+    (tmp_path / "gate.mp4").touch()
+    unfiltered = write(tmp_path, EDGE + "filters: [runs/nothing]\n", "unfiltered.yaml")
+    assert main(["config", "check", str(unfiltered)]) == 2
+    assert f"filter bundle {tmp_path / 'runs' / 'nothing'} is not a folder" in capsys.readouterr().err
     assert main(["config", "check", str(edge)]) == 0
     assert capsys.readouterr().out.startswith(f"ok: {edge} is a valid edge config: edge edge-7, 2 camera(s)")
 

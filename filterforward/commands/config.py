@@ -12,6 +12,8 @@ from models.errors import FilterForwardError
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from edge.config import EdgeConfig
+
 KINDS = ("edge", "cloud")
 _MARKERS = {"cameras": "edge", "tokens": "cloud"}  # a required top-level key only that kind of file has
 
@@ -70,6 +72,23 @@ def _model(kind: str) -> type[BaseModel]:
     return CloudConfig
 
 
+def _check_edge_files(edge: EdgeConfig) -> None:
+    """What `edge run` refuses at start besides the file itself: a camera source that is not there, a filter bundle
+    that does not load or was trained at another input size. (The base model's identity needs the model exported:
+    `edge run` checks that.)"""
+    from edge.mcbank import check_input_size
+    from edge.sources import check_source
+    from models.bundle import load_bundles
+
+    for camera in edge.cameras:
+        try:
+            check_source(camera.source)
+        except FilterForwardError as exc:
+            raise FilterForwardError(f"camera {camera.name}: {exc}") from None
+    for spec, _ in load_bundles(edge.filters):
+        check_input_size(spec, edge.input_size)
+
+
 def _summary(kind: str, path: Path) -> str:
     """What the file sets up, in one line (no secrets)."""
     if kind == "edge":
@@ -78,6 +97,7 @@ def _summary(kind: str, path: Path) -> str:
         edge = load_edge_config(path)
         if edge.cloud:
             edge.cloud.check_keys()
+        _check_edge_files(edge)
         output = f"cloud {edge.cloud.endpoint(edge.cloud.ingest_port)}" if edge.cloud else f"sink {edge.sink.path}"
         metrics = f", metrics on port {edge.metrics_port}" if edge.metrics_port is not None else ""
         cameras = ", ".join(cam.name for cam in edge.cameras)
