@@ -89,7 +89,7 @@ def create_app(config: CloudConfig, services: Services) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(status.HTTP_404_NOT_FOUND, _not_found)
     app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
-    app.add_api_route("/healthz", healthz, methods=["GET"], tags=["service"], responses=errors(503))
+    app.add_api_route("/healthz", healthz, methods=["GET", "HEAD"], tags=["service"], responses=errors(503))
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["service"], response_class=Response)
     app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
     app.mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static")

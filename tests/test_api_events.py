@@ -370,6 +370,7 @@ def test_stats_metrics_and_health(scene: Scene) -> None:
     with scene.server.client(token=None) as anonymous:
         assert anonymous.get("/api/stats").status_code == 401
         assert anonymous.get("/healthz").json() == {"status": "ok"}
+        assert anonymous.head("/healthz").status_code == 200  # uptime checkers that send HEAD got 405
         metrics = anonymous.get("/metrics")
     assert metrics.status_code == 200
     assert metrics.headers["content-type"].startswith("text/plain")
