@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException, Request, status
+from fastapi import FastAPI, HTTPException, Request, params, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy import text
@@ -239,11 +240,30 @@ def _routed_methods(app: FastAPI, path: str) -> list[str]:
     ]
 
 
-async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     """FastAPI's list of validation errors as the API's one-line detail."""
     assert isinstance(exc, RequestValidationError)
-    detail = _form_part_mixup(exc) or validation_summary(exc)
+    detail = _body_mixup(request, exc) or _form_part_mixup(exc) or validation_summary(exc)
     return JSONResponse({"detail": detail}, status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def _body_mixup(request: Request, exc: RequestValidationError) -> str | None:
+    """A body that is not what the endpoint reads, said so ("body.1: JSON decode error" and "body.spec: Field
+    required" did not): broken JSON, or JSON sent where a multipart form is expected."""
+    first = exc.errors()[0]
+    if first["type"] == "json_invalid":
+        reason = first.get("ctx", {}).get("error", "")
+        return f"the body is not valid JSON ({reason}): send one JSON object with Content-Type: application/json"
+    sent_json = request.headers.get("content-type", "").startswith("application/json")
+    route = request.scope.get("route")
+    if sent_json and first["type"] == "missing" and isinstance(route, APIRoute) and _takes_a_form(route):
+        return f"{'.'.join(map(str, first['loc']))}: missing: this endpoint takes a multipart form (curl -F), not JSON"
+    return None
+
+
+def _takes_a_form(route: APIRoute) -> bool:
+    """Whether the route reads its body as a form (FastAPI Form and File parameters; File is a Form)."""
+    return any(isinstance(field.field_info, params.Form) for field in route.dependant.body_params)
 
 
 def _form_part_mixup(exc: RequestValidationError) -> str | None:

@@ -517,6 +517,19 @@ def say_hello(
         context.destroy(linger=0)
 
 
+def test_a_body_of_the_wrong_kind_is_named(cloud: CloudServer) -> None:
+    """pydantic's words ("body.spec: Field required", "body.1: JSON decode error") did not say what was wrong."""
+    with cloud.client() as client:
+        as_json = client.post("/api/filters", json={"spec": {}})
+        broken = client.post("/api/datasets/footage", content=b"{bad", headers={"Content-Type": "application/json"})
+    assert (as_json.status_code, as_json.json()["detail"]) == (
+        422,
+        "body.spec: missing: this endpoint takes a multipart form (curl -F), not JSON",
+    )
+    assert broken.status_code == 422
+    assert broken.json()["detail"].startswith("the body is not valid JSON (Expecting property name")
+
+
 def test_two_edge_processes_with_one_edge_id_are_flagged(cloud: CloudServer) -> None:
     context = zmq.Context()
     try:
