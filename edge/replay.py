@@ -81,6 +81,7 @@ class FilterReport:
     scores: EventScores
     matched_frames: int
     events: int
+    trained_frames: tuple[int, int] | None = None  # the replayed frames it was trained on (its bundle says), if any
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,9 @@ def evaluate(
         upload = UploadSettings(crf=crf)
     except ValidationError as exc:
         raise FilterForwardError(f"upload settings: {validation_summary(exc)}") from None
-    labels = {spec.name: _label_for(dataset, spec, event) for spec, _ in load_bundles(bundles)}
+    specs = [spec for spec, _ in load_bundles(bundles)]
+    labels = {spec.name: _label_for(dataset, spec, event) for spec in specs}
+    trained = {spec.name: _trained_frames(dataset, spec, frames) for spec in specs}
     start, stop = frames
     for label in set(labels.values()):
         if not (dataset.labels[label][start:stop] != UNCERTAIN).any():  # F1 would read 1.000 with nothing scored
@@ -179,7 +182,7 @@ def evaluate(
         predicted[np.asarray(matched, int) - start] = True
         scores = event_f1(dataset.labels[label][start:stop], predicted, tolerance)
         n_events = sum(1 for e in sink.events if e.filter == name)
-        reports.append(FilterReport(name, label, scores, len(matched), n_events))
+        reports.append(FilterReport(name, label, scores, len(matched), n_events, trained[name]))
     sent = sorted(set().union(*sink.frames.values())) if sink.frames else []
     n = stop - start
     return ReplayReport(
@@ -200,6 +203,14 @@ def evaluate(
         skipped=sink.skipped,
         mc_weights=weights,
     )
+
+
+def _trained_frames(dataset: LabelledDataset, spec: FilterSpec, frames: tuple[int, int]) -> tuple[int, int] | None:
+    """The part of `frames` the filter was trained on, when its bundle says it was trained on this dataset."""
+    if spec.trained_on is None or spec.trained_on.dataset != dataset.name:
+        return None
+    start, stop = max(frames[0], spec.trained_on.frames[0]), min(frames[1], spec.trained_on.frames[1])
+    return (start, stop) if start < stop else None
 
 
 def _label_for(dataset: LabelledDataset, spec: FilterSpec, event: str | None) -> str:

@@ -99,6 +99,17 @@ class BaseModelId(BaseModel):
         return f"{self.name} {self.precision} (digest {self.digest})"
 
 
+class TrainedOn(BaseModel):
+    """Where a filter's training frames came from: scored there, it looks better than it will on new footage."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str = Field(max_length=128, description="the dataset's name")
+    frames: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]] = Field(
+        description="the training frames, start and stop (exclusive)"
+    )
+
+
 class FilterSpec(BaseModel):
     """Everything the edge needs to run one microclassifier, except its ONNX weights (stored beside it)."""
 
@@ -123,6 +134,7 @@ class FilterSpec(BaseModel):
         (), max_length=16, description="without a validation: why there is no estimate, and what to label"
     )
     motion: MotionVeto | None = Field(None, description="the motion the region needs for a frame to count; null: none")
+    trained_on: TrainedOn | None = Field(None, description="its training frames; null: not recorded")
 
     @field_validator("cameras")
     @classmethod

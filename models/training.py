@@ -48,7 +48,7 @@ from models.datasets.labelled import UNCERTAIN, LabelledDataset
 from models.errors import FilterForwardError, validation_summary
 from models.evaluation import BOUNDARY_TOLERANCE, EventScores, event_f1
 from models.features import FeatureRequest, cached_features, checked_range
-from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec, MotionVeto, Smoothing, Validation
+from models.filterspec import NAME_PATTERN, BaseModelId, FilterSpec, MotionVeto, Smoothing, TrainedOn, Validation
 from models.mc_export import export_mc, verify_export
 from models.mc_kinds import MC_KINDS, MCKind
 from models.memory import check_memory
@@ -216,6 +216,7 @@ class TrainingData:
     cells_last: np.ndarray  # the features as float32 [n, h, w, C], in memory: what the MCs train on
     views: tuple[AugmentedView, ...] = ()  # the same frames at other input sizes or mirrored, for training only
     foreground: np.ndarray | None = None  # motion_veto: the region's foreground fraction of every frame of the span
+    dataset: str = ""  # its name: the bundle records where it was trained (eval notes scores on those frames)
 
     @property
     def crop_chw(self) -> tuple[int, int, int]:
@@ -475,7 +476,8 @@ def finish_training(
     base = None if config.kind.reads_pixels else identify(base_model_file(model_path))
     n_positive, n_negative = int(data.targets.sum()), int((data.targets == 0).sum())
     warnings = () if validation else tuple(unvalidated_warnings(n_positive, n_negative))
-    spec = make_spec(config, point.smoothing, estimate, base, warnings, motion)
+    trained_on = TrainedOn(dataset=data.dataset, frames=data.span) if data.dataset else None
+    spec = make_spec(config, point.smoothing, estimate, base, warnings, motion, trained_on)
     bundle = finish_bundle(model, spec, data.crop_chw, _tap_shape(config, model_path), out_dir)
     log.info("trained %s: train event F1 %.3f at threshold %.3g", spec.name, train_scores.f1, point.threshold)
     no_veto = None if motion or data.foreground is None else no_veto_reason(data.foreground, data.labels)
@@ -676,6 +678,7 @@ def load_training_data(
         cells_last,
         views,
         region_foreground(dataset, config.roi, (start, stop)) if config.motion_veto else None,
+        dataset.name,
     )
 
 
@@ -821,6 +824,7 @@ def make_spec(
     base_model: BaseModelId | None = None,
     warnings: tuple[str, ...] = (),
     motion: MotionVeto | None = None,
+    trained_on: TrainedOn | None = None,
 ) -> FilterSpec:
     try:
         return FilterSpec(
@@ -836,6 +840,7 @@ def make_spec(
             base_model=base_model,
             warnings=warnings,
             motion=motion,
+            trained_on=trained_on,
         )
     except ValidationError as exc:
         raise FilterForwardError(f"the filter spec would not be valid: {validation_summary(exc, 'spec')}") from None

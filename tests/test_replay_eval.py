@@ -73,8 +73,9 @@ def test_frames_with_no_certain_label_are_refused_before_the_replay(intel_car: P
     assert scored_frames(edges[slice(*HELD_OUT)], 29) == HELD_OUT[1] - HELD_OUT[0] - 2 * 29
 
 
-def test_a_range_without_the_event_is_said_to_score_nothing(intel_car: Path, red_filter: Path) -> None:
-    """An event F1 over no labelled occurrence reads 1.000 for a filter that sends nothing: the report says so."""
+def test_a_range_without_the_event_or_with_training_frames_is_noted(intel_car: Path, red_filter: Path) -> None:
+    """An event F1 over no labelled occurrence reads 1.000 for a filter that sends nothing, and one over training
+    frames is optimistic: the report says so."""
     from filterforward.commands.eval import format_report
 
     dataset = open_dataset(intel_car)
@@ -83,6 +84,12 @@ def test_a_range_without_the_event_is_said_to_score_nothing(intel_car: Path, red
     assert "note: frames 212:377 hold no occurrence of 'never': red_vehicle_present" in report
     report = format_report(evaluate(dataset, [red_filter], HELD_OUT, progress=False))
     assert "note:" not in report and "events = the events the filter reported" in report
+    # Frames it was trained on (its bundle records them) score better than new footage will: said so.
+    trained_on = json.loads((red_filter / "spec.json").read_text())["trained_on"]
+    assert trained_on == {"dataset": dataset.name, "frames": [0, 212]}
+    overlapping = evaluate(dataset, [red_filter], (150, 300), progress=False)
+    assert overlapping.filters[0].trained_frames == (150, 212)
+    assert "note: red_vehicle_present-full_frame was trained on frames 150:212 of this" in format_report(overlapping)
 
 
 def test_a_filter_for_named_cameras_is_evaluated_all_the_same(

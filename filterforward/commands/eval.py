@@ -93,6 +93,12 @@ def format_report(report: ReplayReport) -> str:
     lines.append("events = the events the filter reported, sent = the frames it sent")
     frames = f"{report.frames[0]}:{report.frames[1]}"
     for f in report.filters:
+        if f.trained_frames is not None:
+            first, stop = f.trained_frames
+            lines.append(
+                f"note: {f.name} was trained on frames {first}:{stop} of this dataset: its scores there are better "
+                "than on new footage; evaluate on frames after its training range"
+            )
         if f.scores.n_events == 0:  # an event F1 over no labelled occurrence is 1.0 when nothing is sent
             lines.append(
                 f"note: frames {frames} hold no occurrence of {f.event!r}: {f.name}'s scores only say whether it "
