@@ -146,3 +146,23 @@ def wait_shown(page: Any, frame: int, timeout: float = 30_000) -> None:
         arg=frame,
         timeout=timeout,
     )
+
+
+def beat_from_two_processes(ingest_port: int, edge: str, beats: int = 4) -> None:
+    """Heartbeats as `edge` from two live connections in turn, as two boxes started from one copied config send."""
+    import zmq
+
+    from common.protocol import Heartbeat, encode
+
+    context = zmq.Context()
+    try:
+        dealers = [context.socket(zmq.DEALER) for _ in range(2)]
+        for dealer in dealers:
+            dealer.connect(f"tcp://127.0.0.1:{ingest_port}")
+        for _ in range(beats):
+            for dealer in dealers:
+                dealer.send_multipart(encode(Heartbeat(sender=edge)))
+                assert dealer.poll(30_000), "the ingest did not answer"
+                dealer.recv_multipart()
+    finally:
+        context.destroy(linger=0)

@@ -17,6 +17,7 @@ import pytest
 import zmq
 from cloud_server import MAX_UPLOAD, READ_ONLY, WRITE_ONLY, CloudServer, run_cloud_on
 from sqlalchemy import select
+from support import beat_from_two_processes
 
 from cloud.config import CloudConfig
 from cloud.db import Filter, FilterChange, make_engine, session_factory
@@ -531,18 +532,7 @@ def test_a_body_of_the_wrong_kind_is_named(cloud: CloudServer) -> None:
 
 
 def test_two_edge_processes_with_one_edge_id_are_flagged(cloud: CloudServer) -> None:
-    context = zmq.Context()
-    try:
-        dealers = [context.socket(zmq.DEALER) for _ in range(2)]  # two boxes started from one copied config
-        for dealer in dealers:
-            dealer.connect(f"tcp://127.0.0.1:{cloud.config.zmq.ingest_port}")
-        for _ in range(4):
-            for dealer in dealers:
-                dealer.send_multipart(encode(Heartbeat(sender="edge-twin")))
-                assert dealer.poll(30_000), "the ingest did not answer"
-                dealer.recv_multipart()
-    finally:
-        context.destroy(linger=0)
+    beat_from_two_processes(cloud.config.zmq.ingest_port, "edge-twin")
     with cloud.client() as client:
         assert client.get("/api/edges/edge-twin").json()["shared_id"] is True
         assert {edge["id"]: edge["shared_id"] for edge in client.get("/api/edges").json()}["edge-twin"] is True

@@ -16,6 +16,7 @@ import httpx
 import numpy as np
 import pytest
 from cloud_server import READ_WRITE, run_cloud
+from support import beat_from_two_processes
 
 from cloud.config import CloudConfig
 from models.filterspec import FilterSpec, MotionVeto, Smoothing, Validation
@@ -265,13 +266,12 @@ def test_an_edge_shows_its_base_model_and_the_filters_it_refuses(
 def test_an_offline_edge_shows_no_stale_uplink_and_a_shared_edge_id_is_flagged(page: Page, cloud: CloudConfig) -> None:
     from datetime import timedelta
 
-    import zmq
     from sqlalchemy import update
 
     from cloud.db import Edge, make_engine, session_factory, utcnow
     from cloud.framestore import FrameStore
     from cloud.storage import Storage
-    from common.protocol import Heartbeat, Hello, Stats, encode
+    from common.protocol import Hello, Stats
 
     sessions = session_factory(make_engine(cloud.db_url))
     storage = Storage(sessions, FrameStore(cloud.data_dir / "frames"))
@@ -279,18 +279,7 @@ def test_an_offline_edge_shows_no_stale_uplink_and_a_shared_edge_id_is_flagged(p
     storage.edge_stats("edge-gone", Stats(edge="edge-gone", uplink={"connected": True}))
     with sessions.begin() as session:  # its last word was an hour ago, while its uplink was up
         session.execute(update(Edge).where(Edge.id == "edge-gone").values(last_seen=utcnow() - timedelta(hours=1)))
-    context = zmq.Context()
-    try:
-        dealers = [context.socket(zmq.DEALER) for _ in range(2)]  # two boxes started from one copied config
-        for dealer in dealers:
-            dealer.connect(f"tcp://127.0.0.1:{cloud.zmq.ingest_port}")
-        for _ in range(4):
-            for dealer in dealers:
-                dealer.send_multipart(encode(Heartbeat(sender="edge-twin")))
-                assert dealer.poll(30_000), "the ingest did not answer"
-                dealer.recv_multipart()
-    finally:
-        context.destroy(linger=0)
+    beat_from_two_processes(cloud.zmq.ingest_port, "edge-twin")
 
     sign_in(page, TOKEN)
     gone = page.locator('[data-testid="edge-row"][data-edge="edge-gone"]')
