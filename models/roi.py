@@ -32,8 +32,12 @@ MAX_CONTEXT = 4
 INPUT = {"input": True}
 
 
-def polygon_errors(points: tuple[Point, ...], crossing: bool = True) -> str | None:
-    """Why these points are no usable polygon (`crossing`: also when two of its edges cross), or None."""
+MIN_AREA = 1e-4  # of the frame: a region drawn by hand that is smaller is a slip of the mouse (below one tap cell)
+
+
+def polygon_errors(points: tuple[Point, ...], given: bool = True) -> str | None:
+    """Why these points are no usable polygon, or None; `given` (a region a person gives, not one stored before these
+    checks): also when two of its edges cross, or it is a sliver."""
     if len(points) < 3:
         return f"a polygon needs at least 3 points, got {len(points)}"
     if len(points) > MAX_POLYGON_POINTS:
@@ -41,10 +45,16 @@ def polygon_errors(points: tuple[Point, ...], crossing: bool = True) -> str | No
     array = np.asarray(points, dtype=float)
     if not np.isfinite(array).all() or array.min() < 0.0 or array.max() > 1.0:
         return "polygon points must be in normalised coordinates 0..1"
-    if crossing and _crosses_itself(array):
+    if given and _crosses_itself(array):
         return "the polygon crosses itself: list its points in order around the region"
-    if abs(_area(array)) < 1e-9:
+    area = abs(_area(array))
+    if area < 1e-9:
         return "the polygon has no area"
+    if given and area < MIN_AREA:
+        return (
+            f"the polygon covers {area:.1e} of the frame, less than {MIN_AREA:g}: a sliver; draw it around the area "
+            "where the event happens"
+        )
     return None
 
 
@@ -111,7 +121,7 @@ class ROI(BaseModel):
                 points = tuple((float(x), float(y)) for x, y in data["polygon"])
             except (TypeError, ValueError):
                 return data  # the field's own validation says what is wrong
-            if reason := polygon_errors(points, crossing=bool(info.context and info.context.get("input"))):
+            if reason := polygon_errors(points, given=bool(info.context and info.context.get("input"))):
                 raise ValueError(reason)
             xs, ys = zip(*points, strict=True)
             box = {"x0": min(xs), "y0": min(ys), "x1": max(xs), "y1": max(ys)}

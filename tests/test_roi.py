@@ -28,6 +28,8 @@ def test_a_polygon_brings_its_bounding_box() -> None:
         (((0, 0), (1, 1)), "at least 3 points"),
         (((0, 0), (1.5, 0), (1, 1)), "normalised coordinates"),
         (((0, 0), (0.5, 0.5), (1, 1)), "no area"),
+        # Three clicks nearly in a line (area 2e-5): saved as a region no tap cell fits in.
+        (((0.2, 0.2), (0.6, 0.6), (0.4, 0.4001)), r"covers 2\.0e-05 of the frame, less than 0\.0001: a sliver"),
         (((0, 0), (1, 1), (1, 0), (0, 1)), "crosses itself"),  # a box's corners given diagonally
         (((0.1, 0.1), (0.6, 0.9), (0.6, 0.1), (0.1, 0.7)), "crosses itself"),  # a bow tie with area
         (tuple((i / 100, (i % 2) / 2) for i in range(65)), "at most 64 points"),
