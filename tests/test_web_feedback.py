@@ -332,3 +332,27 @@ def test_a_deleted_filters_revisions_say_so_and_a_rollback_asks_first(
     expect(message).to_have_text(f"Rolled {FILTER} back to job {job_id}: the edges take it within seconds.")
     assert rest(cloud, "GET", f"/api/filters/{FILTER}").status_code == 200
     expect(page.get_by_test_id("revisions-deleted")).to_have_count(0)
+    expect(page.locator("#revisions")).not_to_contain_text("null")  # the missing note was shown as "null"
+
+
+def test_deploying_a_job_for_another_event_in_a_filter_s_place_asks_first(
+    page: Page, cloud: CloudServer, clip: LabelledDataset, first_job: dict[str, Any], base_model: Path, tmp_path: Path
+) -> None:
+    """A job trained under a running filter's name for another event replaced it with one click."""
+    other = "red_in_region"
+    given = [{"frame": i, "value": int(v)} for i, v in enumerate(clip.labels[other]) if v != -1]
+    assert rest(cloud, "PUT", f"/api/datasets/{DATASET}/labels", json={"event": other, "labels": given}).is_success
+    body = {"dataset": DATASET, "event": other, "filter": FILTER, "options": {"steps": STEPS}}
+    assert rest(cloud, "POST", "/api/training-jobs", json=body).status_code == 201
+    run_trainer(cloud, base_model, tmp_path, "trainer-other")
+    page.locator(f'[data-testid="dataset-row"][data-name="{DATASET}"]').get_by_test_id("dataset-label").click()
+    page.get_by_test_id("studio-event").fill(other)
+    page.get_by_test_id("studio-event").press("Enter")
+    expect(page.get_by_test_id("job-status")).to_have_text("done")
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.get_by_test_id("job-deploy").click()
+    kept = f"Not deployed: filter {FILTER} keeps the model it runs."
+    expect(page.get_by_test_id("deploy-message")).to_have_text(kept)
+    assert asked == [f'Filter {FILTER} filters for event "{EVENT}"; this job learned "{other}". Replace it?']
+    assert rest(cloud, "GET", f"/api/filters/{FILTER}").json()["spec"]["event"] == EVENT

@@ -52,7 +52,13 @@ async function refreshDatasets() {
   const active = [...datasetList.byName.values()].some((dataset) => ACTIVE_STATUSES.has(dataset.status));
   if (datasetList.loaded && !datasetList.stale && !active && datasetList.polls % DATASETS_IDLE_POLLS !== 0) return;
   datasetList.stale = false;
-  const datasets = await api("/api/datasets");
+  let datasets;
+  try {
+    datasets = await api("/api/datasets");
+  } catch (err) {
+    datasetList.stale = true; // read again at the next poll, not at the next idle round
+    throw err;
+  }
   datasetList.loaded = true;
   datasetList.byName = new Map(datasets.map((dataset) => [dataset.name, dataset]));
   syncStudioDataset();
@@ -354,8 +360,10 @@ function syncStudioDataset() {
   if (!studio.dataset) return;
   const fresh = datasetList.byName.get(studio.dataset.name);
   if (!fresh) {
+    const name = studio.dataset.name;
     closeStudio();
-    setStatus("datasets-status", "The dataset being labelled was deleted.", true);
+    // Not an error status: the poll clears those once the table reads again, before anyone could see it.
+    setStatus("datasets-status", `Dataset ${name}, open for labelling, was deleted (elsewhere): the studio closed.`);
     return;
   }
   const grew = fresh.frames !== studio.dataset.frames;
@@ -757,14 +765,20 @@ function addRegionPoint(click) {
   const box = byId("frame-image").getBoundingClientRect();
   if (!box.width || !box.height) return;
   const norm = (value) => Math.round(Math.min(Math.max(value, 0), 1) * 10000) / 10000;
-  studio.draft.push([norm((click.clientX - box.left) / box.width), norm((click.clientY - box.top) / box.height)]);
-  setMessage("region-message", `${studio.draft.length} points: Enter or "Close polygon" saves, Esc cancels.`);
+  const point = [norm((click.clientX - box.left) / box.width), norm((click.clientY - box.top) / box.height)];
+  const last = studio.draft.at(-1);
+  if (!last || last[0] !== point[0] || last[1] !== point[1]) studio.draft.push(point); // a double click: one point
+  const more = MIN_REGION_POINTS - studio.draft.length;
+  const next = more > 0 ? `click ${plural(more, "more point")} to close it` : 'Enter or "Close polygon" saves';
+  setMessage("region-message", `${plural(studio.draft.length, "point")}: ${next}, Esc cancels.`);
   renderRegion();
   byId("stage").focus({ preventScroll: true });
 }
 
+const MIN_REGION_POINTS = 3; // a region is a polygon: the server refuses fewer points
+
 async function closePolygon() {
-  if (!studio.dataset || !studio.event || !studio.draft.length) return;
+  if (!studio.dataset || !studio.event || studio.draft.length < MIN_REGION_POINTS) return;
   const points = studio.draft.slice();
   await saveRegion(points, `Region saved (${points.length} points): only what happens inside it counts.`);
 }
@@ -806,7 +820,7 @@ function renderRegion() {
   // zero-length strokes with round caps: round dots whatever the image's aspect ratio
   byId("region-points").setAttribute("d", studio.draft.map(([x, y]) => `M${x} ${y}h0`).join(""));
   byId("region-clear").disabled = !saved.length;
-  byId("region-close").disabled = !studio.draft.length;
+  byId("region-close").disabled = studio.draft.length < MIN_REGION_POINTS;
   byId("region-cancel").disabled = !studio.draft.length;
 }
 
@@ -1154,11 +1168,40 @@ function refreshDeployState() {
   [message.dataset.state, message.textContent] = [state, text];
 }
 
+// A deployment this much below the running model's estimate asks first (seeds and labels move estimates a little).
+const ESTIMATE_DROP = 0.1;
+
+/** Why putting `job` in place of the filter running now needs a yes: it filters for another event, or its estimate
+ * is far below the running model's; "" when it needs none (or no filter of that name runs). */
+async function deployWarning(job) {
+  let running;
+  try {
+    running = (await api(`/api/filters/${encodeURIComponent(job.filter)}`)).spec;
+  } catch (err) {
+    if (err.status === 404) return "";
+    throw err;
+  }
+  if (running.event && job.event && running.event !== job.event) {
+    return `Filter ${job.filter} filters for event "${running.event}"; this job learned "${job.event}". Replace it?`;
+  }
+  const now = running.validation && running.validation.event_f1;
+  const next = jobValidation(job) && jobValidation(job).event_f1;
+  if (typeof now === "number" && typeof next === "number" && next < now - ESTIMATE_DROP) {
+    return `This job's estimate (event F1 ${f1(next)}) is far below the running model's (${f1(now)}). Deploy it anyway?`;
+  }
+  return "";
+}
+
 async function deployJob(job, button, message) {
   button.disabled = true;
   message.className = "message";
   message.textContent = "Deploying…";
   try {
+    const warning = await deployWarning(job);
+    if (warning && !confirm(warning)) {
+      message.textContent = `Not deployed: filter ${job.filter} keeps the model it runs.`;
+      return;
+    }
     const answer = await api(`/api/training-jobs/${job.id}/deploy`, { method: "POST" });
     const revision = answer && typeof answer.revision === "number" ? ` (revision ${answer.revision})` : "";
     job.deployed = true;
@@ -1224,9 +1267,11 @@ async function showRevisions(filter) {
   const gone = `${filter} was deleted: rolling back to a revision asks first, then registers it again.`;
   const deleted = exists ? null : el("p", { class: "muted", "data-testid": "revisions-deleted" }, gone);
   box.replaceChildren(
-    el("h3", {}, `Revisions of ${filter}`),
-    deleted,
-    el("ol", { class: "revision-list" }, ...revisions.map((revision) => revisionItem(filter, revision))),
+    ...[
+      el("h3", {}, `Revisions of ${filter}`),
+      deleted,
+      el("ol", { class: "revision-list" }, ...revisions.map((revision) => revisionItem(filter, revision))),
+    ].filter(Boolean), // replaceChildren would show a null as the text "null"
   );
 }
 
