@@ -261,43 +261,12 @@ def _link_frames(session: Session, row: Fragment, entries: Sequence[FrameEntry])
 
 
 def _close_abandoned(session: Session, edge: str, run: str) -> list[int]:
-    """Close the open events of the edge's runs other than `run` (a killed edge never sends their ends); returns
-    their ids."""
+    """Close the open events of the edge's runs other than `run` at their last stored frame (or their start);
+    returns their ids. A late end message from that run still overwrites these guesses with the real end."""
     abandoned = session.scalars(
         select(Event).where(Event.edge_id == edge, Event.run != run, Event.ended_at.is_(None))
     ).all()
-    _close_at_last_frame(session, abandoned)
-    return [event.id for event in abandoned]
-
-
-def _close_superseded(session: Session, event: Event) -> list[str]:
-    """Close the events of `event`'s run, filter and camera still open from before it started; returns their
-    uids. The edge runs one event at a time per filter and camera, so a new start means they ended: their end
-    messages were dropped by a full spool."""
-    superseded = session.scalars(
-        select(Event).where(
-            Event.edge_id == event.edge_id,
-            Event.run == event.run,
-            Event.filter == event.filter,
-            Event.camera == event.camera,
-            Event.ended_at.is_(None),
-            Event.started_at < event.started_at,
-        )
-    ).all()
-    _close_at_last_frame(session, superseded)
-    for row in superseded:
-        log.warning(
-            "event %s closed at its last stored frame: a later event of its filter and camera started and "
-            "its end message never came (dropped by the edge's full spool?)",
-            row.uid,
-        )
-    return [row.uid for row in superseded]
-
-
-def _close_at_last_frame(session: Session, events: Sequence[Event]) -> None:
-    """End open events at their last stored frame (or their start). A late end message still overwrites the
-    guess with the real end."""
-    for event in events:
+    for event in abandoned:
         last = session.execute(
             select(StoredFrame.frame_index, StoredFrame.stream_time, StoredFrame.captured_at)
             .join(EventFrame, EventFrame.frame_id == StoredFrame.id)
@@ -307,6 +276,7 @@ def _close_at_last_frame(session: Session, events: Sequence[Event]) -> None:
         ).first()
         end = last or (event.start_frame, event.start_time, event.started_at)
         event.end_frame, event.end_time, event.ended_at = end
+    return [event.id for event in abandoned]
 
 
 def _record(session: Session, event: Event) -> EventRecord:
@@ -531,12 +501,8 @@ class Storage:
                 )
                 session.add(event)
             _merge_event(event, header, clip, len(payload))
-            if header.phase == "start":
-                session.flush()
-                uids[1:] = _close_superseded(session, event)  # assigned: a retried savepoint runs it again
 
-        uids = [uid]
-        return _Write(index, clip, uids, work)
+        return _Write(index, clip, [uid], work)
 
     def _apply(self, session: Session, write: _Write) -> Outcome:
         """One message's rows in a savepoint of the batch transaction; a failure rolls back only them."""

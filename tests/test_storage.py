@@ -97,20 +97,12 @@ def frame(seq: int, *events: str, index: int | None = None, payload: str = "jpeg
     )
 
 
-def event(
-    seq: int,
-    phase: str,
-    event_id: str = "ev-1",
-    clip: bool = False,
-    start: int = 10,
-    filter: str = "red",
-    camera: str = CAMERA,
-) -> EventHeader:
+def event(seq: int, phase: str, event_id: str = "ev-1", clip: bool = False, start: int = 10) -> EventHeader:
     end = start + 20 if phase == "end" else None
     info = EventInfo(
         id=event_id,
-        filter=filter,
-        camera=camera,
+        filter="red",
+        camera=CAMERA,
         start_frame=start,
         start_time=start / 10,
         end_frame=end,
@@ -550,7 +542,7 @@ def test_retention_prunes_old_dedup_keys_and_tolerates_an_empty_store(
 def test_a_restarted_edge_closes_the_events_its_killed_run_left_open(storage: Storage, sessions: sessionmaker) -> None:
     storage.edge_hello(EDGE, Hello(edge=EDGE, run=RUN, cameras=[CAMERA]), None)
     storage.store_event(EDGE, event(1, "start", "cut-off"), b"")
-    storage.store_event(EDGE, event(2, "start", "never-framed", start=50, filter="blue"), b"")
+    storage.store_event(EDGE, event(2, "start", "never-framed", start=50), b"")
     storage.store_frame(EDGE, frame(3, "cut-off", index=12), b"a")
     storage.store_frame(EDGE, frame(4, "cut-off", index=14), b"b")
     # kill -9: no end message ever comes. The next run says hello:
@@ -565,24 +557,6 @@ def test_a_restarted_edge_closes_the_events_its_killed_run_left_open(storage: St
     assert phases(late_end) == []  # its end went out already
     [cut] = rows(sessions, Event, Event.uid.endswith("/cut-off"))
     assert (cut.end_frame, cut.end_time) == (30, 3.0)  # the real end replaces the guess
-
-
-def test_an_event_whose_end_was_dropped_is_closed_by_the_next_start_of_its_filter_and_camera(
-    storage: Storage, sessions: sessionmaker
-) -> None:
-    storage.store_event(EDGE, event(1, "start", "first"), b"")
-    storage.store_frame(EDGE, frame(2, "first", index=12), b"a")
-    storage.store_frame(EDGE, frame(3, "first", index=15), b"b")
-    # the edge's full spool dropped "first"'s end message; the same filter and camera start the next event
-    due = storage.store_event(EDGE, event(5, "start", "second", start=40), b"")
-    assert phases(due) == [("end", "first")]  # its start went out with its first frame; "second" has none yet
-    first, second = sorted(rows(sessions, Event), key=lambda e: e.id)
-    assert (first.end_frame, first.end_time) == (15, 1.5)  # at its last stored frame
-    assert second.ended_at is None
-    storage.store_event(EDGE, event(6, "start", "elsewhere", start=60, camera="cam-2"), b"")
-    assert rows(sessions, Event, Event.uid.endswith("/second"))[0].ended_at is None  # another camera's event
-    storage.store_event(EDGE, event(7, "end", "first"), b"")  # a resend that did get through after all
-    assert rows(sessions, Event, Event.uid.endswith("/first"))[0].end_frame == 30  # the real end replaces the guess
 
 
 def test_a_frame_matched_again_shares_the_image_sent_once(
