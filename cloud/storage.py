@@ -409,8 +409,9 @@ class Storage:
             session.flush()
             if not row.playable:
                 log.warning(
-                    "camera %s of edge %s: stream fragment %d of GOP %d came without the one before it (dropped by "
-                    "the edge's full spool?): its frames have no image",
+                    "camera %s of edge %s: stream fragment %d of GOP %d came before the one before it (resent later "
+                    "after a lost connection, or dropped by the edge's full spool): its frames have no image until "
+                    "that one arrives",
                     row.camera,
                     edge,
                     row.part,
