@@ -76,7 +76,7 @@ def check_memory(
     dataset: LabelledDataset, configs: list[TrainConfig], copies: int = 1, available: int | None = None
 ) -> None:
     """Refuse an input size whose base-DNN pass or training crops (of all `configs` at once, `copies` times: one per
-    training process) cannot fit in the memory available (models.memory), before the OOM killer ends the run
+    training process) cannot fit in the memory available (available_memory), before the OOM killer ends the run
     without a word. `available`: bytes, instead of what this machine has now."""
     for config in configs:  # a size that is not valid at all is told so first
         try:
