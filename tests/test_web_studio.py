@@ -176,6 +176,19 @@ def test_a_dataset_deleted_elsewhere_closes_the_studio_and_says_so(page: Page, c
     expect(page.get_by_test_id("datasets-status")).to_contain_text("was deleted (elsewhere)")
 
 
+def test_labels_another_tab_stores_reach_the_open_strip(page: Page, cloud: CloudServer, clip: Path) -> None:
+    """The counts followed another tab's labels but the strip kept the old ones, and a key press stored over them."""
+    upload(cloud, clip, "tabs")
+    open_studio(page, "tabs", "person")
+    frame = page.locator('[data-testid="strip-item"][data-frame="0"]')
+    expect(frame).to_have_class(re.compile(r"\bunlabelled\b"))
+    stored = rest(
+        cloud, "PUT", "/api/datasets/tabs/labels", json={"event": "person", "labels": [{"frame": 0, "value": 1}]}
+    )
+    assert stored.status_code == 200  # the other tab
+    expect(frame).to_have_class(re.compile(r"\blabel-1\b"), timeout=30_000)  # within a datasets poll (10 s idle)
+
+
 def test_an_upload_of_one_frame_says_so_without_a_rate(page: Page, cloud: CloudServer, clip: Path) -> None:
     form = page.get_by_test_id("upload-form")
     page.get_by_text("Upload a recorded clip").click()

@@ -367,9 +367,14 @@ function syncStudioDataset() {
     return;
   }
   const grew = fresh.frames !== studio.dataset.frames;
+  // Another tab (or the gallery's feedback) labelled the open event: read its labels again, or this strip shows
+  // the old ones while the counts show the new (labels not saved yet stay on top: loadLabels).
+  const counts = (dataset) => JSON.stringify((dataset.events || {})[studio.event] || null);
+  const relabelled = studio.event && studio.loaded && counts(fresh) !== counts(studio.dataset);
   studio.dataset = fresh;
   fillEventChoices();
   renderCounts();
+  if (relabelled) loadLabels(studio.generation);
   if (grew) renderFrame();
 }
 
