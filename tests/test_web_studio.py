@@ -189,6 +189,44 @@ def test_labels_another_tab_stores_reach_the_open_strip(page: Page, cloud: Cloud
     expect(frame).to_have_class(re.compile(r"\blabel-1\b"), timeout=30_000)  # within a datasets poll (10 s idle)
 
 
+def test_labels_read_late_leave_the_focus_where_the_user_moved_it(page: Page, cloud: CloudServer, clip: Path) -> None:
+    """Opening a dataset focused the frame once its first event's labels were read, even after the user had moved
+    on to type another event's name: the Enter that should open it went to the frame, the next keys labelled the
+    first event (CI saw a job queued for the wrong event)."""
+    upload(cloud, clip, "slow")
+    stored = rest(
+        cloud, "PUT", "/api/datasets/slow/labels", json={"event": "car", "labels": [{"frame": 0, "value": 0}]}
+    )
+    assert stored.status_code == 200
+    page.reload()
+    held: list[Route] = []
+
+    def hold_the_first(route: Route) -> None:
+        if held:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route(re.compile(r"/api/datasets/slow/labels\?event=car$"), hold_the_first)
+    dataset_row(page, "slow").get_by_test_id("dataset-label").click()
+    box = page.get_by_test_id("studio-event")
+    expect(box).to_have_value("car")
+    box.fill("truck")  # typed while the labels of "car" are still being read
+    deadline = time.monotonic() + 15
+    while not held and time.monotonic() < deadline:
+        page.wait_for_timeout(50)
+    assert held, "the page never read the labels of the first event"
+    held[0].continue_()
+    expect(page.get_by_test_id("save-state")).to_have_text("All labels saved.")
+    expect(box).to_be_focused()
+    box.press("Enter")
+    expect(page.get_by_test_id("stage")).to_be_focused()
+    page.keyboard.press("1")
+    expect(page.get_by_test_id("save-state")).to_have_text("All labels saved.")
+    assert rest(cloud, "GET", "/api/datasets/slow/labels", params={"event": "truck"}).json() == {"truck": {"0": 1}}
+    assert rest(cloud, "GET", "/api/datasets/slow/labels", params={"event": "car"}).json() == {"car": {"0": 0}}
+
+
 def test_an_upload_of_one_frame_says_so_without_a_rate(page: Page, cloud: CloudServer, clip: Path) -> None:
     form = page.get_by_test_id("upload-form")
     page.get_by_text("Upload a recorded clip").click()

@@ -337,10 +337,18 @@ async function openStudio(name) {
   fillEventChoices();
   fillTrainingKinds();
   const events = knownEvents(dataset);
-  await chooseEvent(events.includes(studio.event) ? studio.event : events[0] || "");
+  const loading = chooseEvent(events.includes(studio.event) ? studio.event : events[0] || "");
   byId("studio").scrollIntoView({ block: "start" });
-  if (studio.event) stage.focus({ preventScroll: true });
-  else byId("studio-event").focus({ preventScroll: true });
+  await focusWhenLoaded(loading, studio.event ? stage : byId("studio-event"));
+}
+
+/** Focuses `target` once the event's labels are read, unless the user moved the focus or opened another event
+ * meanwhile: the focus jumping to the frame under someone typing an event name turns their keys into labels. */
+async function focusWhenLoaded(loading, target) {
+  const generation = studio.generation;
+  const focused = document.activeElement;
+  await loading;
+  if (generation === studio.generation && document.activeElement === focused) target.focus({ preventScroll: true });
 }
 
 function closeStudio() {
@@ -1344,7 +1352,7 @@ function initStudio() {
     event.preventDefault();
     const input = byId("studio-event");
     if (!input.reportValidity()) return;
-    chooseEvent(input.value.trim()).then(() => byId("stage").focus({ preventScroll: true }));
+    focusWhenLoaded(chooseEvent(input.value.trim()), byId("stage"));
   });
   byId("studio-close").addEventListener("click", closeStudio);
   byId("stage").addEventListener("click", addRegionPoint);
