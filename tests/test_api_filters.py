@@ -412,6 +412,35 @@ def test_a_form_part_sent_as_the_other_kind_says_which_it_takes(cloud: CloudServ
     assert db_state(cloud.config) == before
 
 
+def test_a_form_field_sent_twice_is_refused_not_one_copy_kept(cloud: CloudServer, models: dict) -> None:
+    """Two model parts (a script's -F repeated) were accepted and one of them quietly registered."""
+    spec = spec_for("twice").model_dump_json()
+    onnx = models["late"][1]
+    before = db_state(cloud.config)
+    with cloud.client() as client:
+        two_models = client.post(
+            "/api/filters", data={"spec": spec}, files=[("model", ("a.onnx", onnx)), ("model", ("b.onnx", onnx))]
+        )
+        two_specs = client.post("/api/filters", data={"spec": [spec, spec]}, files={"model": ("m.onnx", onnx)})
+        two_videos = client.post(
+            "/api/datasets/upload",
+            data={"name": "twice"},
+            files=[("video", ("a.mp4", b"x")), ("video", ("b.mp4", b"y"))],
+        )
+    assert (two_models.status_code, two_models.json()["detail"]) == (
+        422,
+        "the form sent 'model' 2 times: send each field once",
+    )
+    assert (two_specs.status_code, two_specs.json()["detail"]) == (
+        422,
+        "the form sent 'spec' 2 times: send each field once",
+    )
+    assert two_videos.status_code == 422, two_videos.text
+    assert db_state(cloud.config) == before
+    with cloud.client() as client:
+        assert client.get("/api/datasets/twice").status_code == 404
+
+
 @pytest.mark.parametrize(
     ("method", "path", "allowed"),
     [

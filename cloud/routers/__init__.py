@@ -5,6 +5,7 @@ The running service's parts (cloud.app.Services) live on `app.state.services`, c
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -50,6 +51,19 @@ RegistryDep = Annotated[Registry, Depends(get_registry)]
 StoreDep = Annotated[FrameStore, Depends(get_store)]
 DatasetsDep = Annotated[Datasets, Depends(get_datasets)]
 LastHeardDep = Annotated[LastHeard, Depends(get_last_heard)]
+
+
+async def each_part_once(request: Request) -> None:
+    """Refuses a multipart form that repeats a field: FastAPI would quietly keep one of the copies (which model
+    was meant?). The form is the one FastAPI already parsed for the endpoint (Starlette keeps it)."""
+    counts = Counter(key for key, _ in (await request.form()).multi_items())
+    repeated = sorted(key for key, count in counts.items() if count > 1)
+    if repeated:
+        sent = ", ".join(f"'{key}' {counts[key]} times" for key in repeated)
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"the form sent {sent}: send each field once")
+
+
+EachPartOnce = Depends(each_part_once)
 
 
 def not_found(message: str) -> HTTPException:

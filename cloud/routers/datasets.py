@@ -15,7 +15,7 @@ from sqlalchemy import select
 from cloud.auth import require
 from cloud.datasets import DatasetError, Datasets, EventCounts
 from cloud.db import Dataset
-from cloud.routers import DatasetsDep, SessionDep
+from cloud.routers import DatasetsDep, EachPartOnce, SessionDep
 from cloud.schemas import Number, UtcDatetime, errors
 from common.protocol import ID_PATTERN
 from models.filterspec import EVENT_PATTERN, NAME_PATTERN
@@ -118,7 +118,7 @@ def request_footage(footage: FootageIn, datasets: DatasetsDep, session: SessionD
     return dataset_out(datasets, session, footage.name)
 
 
-@router.post("/upload", status_code=status.HTTP_201_CREATED, dependencies=[Writer])
+@router.post("/upload", status_code=status.HTTP_201_CREATED, dependencies=[Writer, EachPartOnce])
 def upload_clip(
     name: Annotated[str, Form(pattern=NAME_PATTERN, description="the dataset's name")],
     video: Annotated[UploadFile, File(description="a recorded clip (MP4, MKV, AVI, ...)")],

@@ -12,7 +12,7 @@ from starlette.types import Message, Receive
 from cloud.auth import require
 from cloud.db import Filter
 from cloud.registry import Registry, RegistryError, parse_spec, too_big
-from cloud.routers import RegistryDep
+from cloud.routers import EachPartOnce, RegistryDep
 from cloud.schemas import FilterOut, errors
 
 # Room for the spec field and the multipart framing around the model in an upload's body.
@@ -69,7 +69,7 @@ Reader = Depends(require("read"))
 Writer = Depends(require("write"))
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Writer])
+@router.post("", status_code=status.HTTP_201_CREATED, dependencies=[Writer, EachPartOnce])
 def create_filter(
     spec: Annotated[str, Form(min_length=1, description=SPEC_HELP)],
     model: Annotated[UploadFile, File(description="the MC's ONNX model")],
@@ -104,7 +104,7 @@ def get_model(name: str, registry: RegistryDep) -> Response:
     )
 
 
-@router.put("/{name}", dependencies=[Writer])
+@router.put("/{name}", dependencies=[Writer, EachPartOnce])
 def update_filter(
     name: str,
     spec: Annotated[str, Form(min_length=1, description=SPEC_HELP)],

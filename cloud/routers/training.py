@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cloud.auth import require
 from cloud.db import TrainingJob
+from cloud.routers import EachPartOnce
 from cloud.routers.events import MAX_ROW_ID
 from cloud.routers.filters import UploadLimitRoute, filter_out, read_model
 from cloud.schemas import ClaimOut, FilterOut, Number, TrainingJobOut, TrainingOptions, errors
@@ -122,7 +123,7 @@ def report_progress(job_id: JobId, progress: ProgressIn, jobs: JobsDep) -> Train
     )
 
 
-@router.post("/{job_id:int}/result", dependencies=[Trainer])
+@router.post("/{job_id:int}/result", dependencies=[Trainer, EachPartOnce])
 def report_result(
     job_id: JobId,
     trainer: Annotated[str, Form(pattern=TRAINER_NAME)],
