@@ -68,7 +68,11 @@ class CameraSettings(BaseModel):
         "realtime", description="realtime (drops the oldest frames when behind) or every-frame (never drops)"
     )
     fps: float | None = Field(
-        None, gt=0, le=1000, description="live cameras: cap on processed frames/s; recordings: the rate they play at"
+        None,
+        gt=0,
+        le=1000,
+        description="live cameras: their frame rate (default: measured in their first seconds) and a cap on processed "
+        "frames/s; recordings: the rate they play at",
     )
     resolution: tuple[Dimension, Dimension] | None = Field(
         None, description="decode output (width, height): frames are resized to it; default the camera's own size"

@@ -259,7 +259,7 @@ class EdgeNode:
             while not self._stop.is_set():
                 frame = source.read(timeout=OFFLINE_POLL)
                 if frame is not None:
-                    pipeline.fps = pipeline.fps or source.fps  # a live camera's rate is known once it connects
+                    pipeline.fps = source.fps or pipeline.fps  # a live camera's may change once measured (edge.sources)
                     failures = self._process(camera.name, pipeline, frame, failures)
                 elif source.ended:
                     break

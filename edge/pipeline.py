@@ -36,8 +36,9 @@ from models.motion import ForegroundMeter
 from models.smoother import Event, Smoother
 
 log = logging.getLogger(__name__)
-# The rate given to the encoders of a live camera that reports none: presentation times come from the frames'
-# stream times, so it only sets x264's rate control and the slack of the keyframe and fragment timers.
+# The rate given to the encoders of a live camera that reports none until it is measured (edge.sources):
+# presentation times come from the frames' stream times, so it only sets x264's rate control and the slack of the
+# keyframe and fragment timers.
 UNKNOWN_FPS = 25.0
 
 
@@ -124,6 +125,7 @@ class CameraPipeline:
         self._last_scores: dict[str, float] = {}  # of the last frame the base DNN ran on ...
         self._scored_by: frozenset[tuple[str, int]] = frozenset()  # ... and the filters (name, version) it ran
         self._stream: EncodingThread | None = None  # opened at the first stream filter's event
+        self._stream_fps = 0.0  # the rate last given to the stream's encoder
         self._streamed = -1  # the last frame index in the stream: frames go in once, in order
         self.stats = StageStats()
         self.state = CameraState()
@@ -266,12 +268,14 @@ class CameraPipeline:
             self._stream_encoder().submit(lambda encoder: encoder.add(image, index, timestamp, crop))
 
     def _stream_encoder(self) -> EncodingThread:
+        fps = self.fps or UNKNOWN_FPS
         if self._stream is None:
             u = self.upload
-            encoder = StreamEncoder(
-                self.fps or UNKNOWN_FPS, u.crf, u.preset, u.keyframe_interval, u.fragment_seconds, u.bitrate_cap
-            )
+            encoder = StreamEncoder(fps, u.crf, u.preset, u.keyframe_interval, u.fragment_seconds, u.bitrate_cap)
             self._stream = EncodingThread(self.camera, encoder, self._emit)
+        elif fps != self._stream_fps:  # a live camera's rate, measured after its stream opened: for the next GOPs
+            self._stream.submit(lambda encoder: encoder.set_fps(fps))
+        self._stream_fps = fps
         return self._stream
 
     def _crop(self, frame: Frame) -> Crop | None:

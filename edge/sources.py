@@ -9,6 +9,10 @@ Every source yields `Frame`s (BGR uint8) through a small reader thread and a bou
 
 Recordings end at their end. Live sources (rtsp/http URLs and local devices) that fail, or are not up
 yet, go offline and reconnect with exponential backoff; they never invent frames.
+
+A live source's frame rate is what it reports until it has been measured from its frames' arrival over its
+first seconds online, then the measured one where they differ clearly: FFmpeg reports 25 fps for any
+MJPEG-over-HTTP camera, whatever it sends. The `fps` option overrides both.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ _READ_TIMEOUT_MS = 5000
 _MAX_SANE_FPS = 1000.0  # containers and cameras sometimes report nonsense rates
 _CLOCK_TOLERANCE_S = 1.0  # how far a camera's own clock may stray from ours before we stop trusting it
 _RATE_WINDOW_S = 2.0  # the measured read rate looks this far back, so it falls to 0 while offline
+_PROBE_S = 2.0  # a live camera's frame rate is measured over at least this long ...
+_PROBE_INTERVALS = 5  # ... and this many frame intervals (a 1 fps camera takes 5 s)
+_FPS_TOLERANCE = 0.15  # a measured rate this far (relative) from the reported one replaces it
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -409,6 +416,32 @@ class _RateMeter:
         return 1000.0 * sum(decode_s for _, decode_s in recent) / len(recent) if recent else 0.0
 
 
+class _RateProbe:
+    """A live camera's real frame rate, from when its frames arrive (FFmpeg's stream times for an MJPEG camera
+    are made up at the 25 fps it reports, so only our clock tells). Frames buffered while the connection opened
+    arrive in a burst (an RTSP camera then measured twice its rate): the window starts as long after the first
+    frame as that frame took to come, by when decoding has caught up with the camera."""
+
+    def __init__(self, connecting: float, reported: float | None) -> None:
+        self._connecting = connecting  # when the connection began opening (monotonic)
+        self.reported = reported  # the rate the connection claims
+        self._settled: float | None = None  # when the window may start
+        self._start: float | None = None  # the window's first frame
+        self._intervals = 0
+
+    def tick(self, now: float) -> float | None:
+        """Counts a frame that arrived at `now`; the rate in frames/s once measured, else None."""
+        if self._settled is None:
+            self._settled = now + (now - self._connecting)
+        elif self._start is None:
+            self._start = now if now >= self._settled else None
+        else:
+            self._intervals += 1
+            if now - self._start >= _PROBE_S and self._intervals >= _PROBE_INTERVALS:
+                return self._intervals / (now - self._start)
+        return None
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The source
 
@@ -437,7 +470,8 @@ class VideoSource:
     URL, or a device (an index like "0", or /dev/videoN).
     pacing: "every-frame" (every frame in order, deterministic) or "realtime" (see the module doc).
     fps: for recordings, the rate for timestamps and realtime pacing (default: the recorded one);
-    for live sources, a cap on delivered frames (the rest count as dropped).
+    for live sources, their rate (default: measured, see the module doc) and a cap on delivered frames (the
+    rest count as dropped).
     resolution: (width, height) every frame is resized to (INTER_AREA) on the reader thread; None keeps the
     source's own size.
     queue_size: frames buffered between the reader thread and the consumer.
@@ -477,6 +511,8 @@ class VideoSource:
         self._reader: _Reader | None = None
         self._error: BaseException | None = None
         self._fps: float | None = fps
+        self._fps_unmeasured = self.is_live and fps is None  # until a live source's rate has been measured
+        self._probe: _RateProbe | None = None  # measures it on the current connection
         self._frame_size: tuple[int, int] | None = None
         self._cap = _RateCap(fps) if self.is_live and fps is not None else None
         self._clock = _LiveClock()
@@ -495,8 +531,9 @@ class VideoSource:
 
     @property
     def fps(self) -> float | None:
-        """The nominal frame rate: the override, else what the source reports; None for a live source
-        that reports none (or has not connected yet)."""
+        """The nominal frame rate: the override, else a recording's own; for a live source what it reports
+        until its rate is measured (see the module doc), then the measured rate where that differs clearly. None
+        for a live source that has not connected yet, or reports none and is still being measured."""
         return self._fps
 
     @property
@@ -581,14 +618,40 @@ class VideoSource:
     def _went_online(self, reader: _Reader) -> None:
         with self._lock:
             self._frame_size = reader.frame_size
-            recorded_default = None if self.is_live else DEFAULT_FPS
-            self._fps = self._fps_option or self._target.fps or reader.fps or recorded_default
+            if self._fps_unmeasured:  # measured once per source: a reconnect keeps the measured rate
+                self._fps = reader.fps  # until then
+                self._probe = _RateProbe(time.monotonic() - reader.open_s, reader.fps)
+            elif not self.is_live:
+                self._fps = self._fps_option or self._target.fps or reader.fps or DEFAULT_FPS
+            fps = self._fps
             self._online = True
             self._connections += 1
             self._outage_reported = False
         width, height = reader.frame_size
-        rate = f"{self._fps:.2f} fps" if self._fps else "unknown fps"
+        rate = f"{fps:.2f} fps" if fps else "unknown fps"
+        rate += " (measuring)" if self._fps_unmeasured else ""
         log.log(self._online_level, "%s: online, %dx%d, %s, pacing %s", self.name, width, height, rate, self.pacing)
+
+    def _measured(self, reported: float | None, measured: float) -> None:
+        """Settles a live source's rate: the reported one unless the measured one (to 3 digits) differs
+        clearly, or there is none."""
+        measured = float(f"{measured:.3g}")
+        wrong = reported is None or abs(measured - reported) > _FPS_TOLERANCE * reported
+        with self._lock:
+            self._probe, self._fps_unmeasured = None, False
+            self._fps = measured if wrong else reported
+        if reported is None:
+            log.info("%s: measured %.2f fps (the camera reports none)", self.name, measured)
+        elif not wrong:
+            log.debug("%s: measured %.2f fps, as the camera reports", self.name, measured)
+        else:
+            log.warning(
+                "%s: the camera reports %.2f fps but sends %.2f fps: using the measured rate (set fps: in the "
+                "camera's config to override it)",
+                self.name,
+                reported,
+                measured,
+            )
 
     def _went_offline(self, error: str) -> None:
         with self._lock:
@@ -690,6 +753,10 @@ class VideoSource:
             index = self._frames_read
             self._frames_read += 1
             self._meter.tick(now, decode_s)
+            probe = self._probe
+            measured = probe.tick(now) if probe is not None else None
+        if probe is not None and measured is not None:
+            self._measured(probe.reported, measured)
         if self.is_live:
             timestamp = self._clock.stamp(position_ms)
         else:

@@ -71,6 +71,7 @@ class StreamEncoder:
                 f"keyframe_interval and fragment_seconds must be > 0 s, got {keyframe_interval} and {fragment_seconds}"
             )
         self.fps = rate(fps)
+        self._next_fps = self.fps  # the rate the next encoder opens at (see set_fps)
         self._settings = (crf, preset, bitrate_cap)
         self.keyframe_interval, self.fragment_seconds = keyframe_interval, fragment_seconds
         self._context: VideoCodecContext | None = None
@@ -88,6 +89,12 @@ class StreamEncoder:
     def new_gop(self) -> None:
         """The next frame starts a GOP (an event starts there)."""
         self._force_keyframe = True
+
+    def set_fps(self, fps: float) -> None:
+        """The camera's rate from the next encoder on (after `finish()` or at a new crop): a live camera's is
+        measured in its first seconds, after its stream may have opened; one encoder keeps one rate."""
+        check_settings(fps, crf=None, bitrate=None)
+        self._next_fps = rate(fps)
 
     def add(self, frame_bgr: np.ndarray, index: int, time: float, crop: Crop | None = None) -> list[Fragment]:
         """Encode the camera's frame `index` (stream time `time` in seconds), or its part `crop` (`frame_bgr` is
@@ -164,6 +171,7 @@ class StreamEncoder:
                 )
             return self._context
         crf, preset, bitrate_cap = self._settings
+        self.fps = self._next_fps
         context = av.CodecContext.create(CODEC, "w")
         context.width, context.height = even(width), even(height)
         context.pix_fmt = PIXEL_FORMAT

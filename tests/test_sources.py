@@ -257,10 +257,11 @@ def test_an_image_that_breaks_mid_stream_raises_after_the_good_frames(tmp_path: 
 
 
 class Camera:
-    """`filterforward camera serve` (the clip at 25 fps, 192 pixels wide) as a separate process on 127.0.0.1."""
+    """`filterforward camera serve` (the clip at 25 fps, or `fps`, 192 pixels wide) as a separate process on
+    127.0.0.1."""
 
-    def __init__(self, clip: Path, port: int) -> None:
-        self.clip, self.port = clip, port
+    def __init__(self, clip: Path, port: int, fps: float = 25.0) -> None:
+        self.clip, self.port, self.fps = clip, port, fps
         self.process: subprocess.Popen[str] | None = None
 
     @property
@@ -268,7 +269,7 @@ class Camera:
         return f"http://127.0.0.1:{self.port}/"
 
     def start(self) -> None:
-        serve = ["camera", "serve", str(self.clip), "--port", str(self.port), "--fps", "25", "--width", "192"]
+        serve = ["camera", "serve", str(self.clip), "--port", str(self.port), "--fps", str(self.fps), "--width", "192"]
         self.process = subprocess.Popen(
             [sys.executable, "-m", "filterforward", *serve], cwd=REPO, stdout=subprocess.PIPE, text=True
         )
@@ -363,6 +364,55 @@ def test_close_interrupts_a_long_backoff() -> None:
     source.close()
     assert not source_threads(source)
     assert source.read(timeout=0.0) is None
+
+
+def measured(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    """The log records of live sources' measured rates."""
+    return [record for record in caplog.records if "measured" in record.getMessage() or "sends" in record.getMessage()]
+
+
+def test_live_source_measures_the_rate_an_mjpeg_camera_really_sends(
+    clip: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """FFmpeg reports 25 fps for any MJPEG-over-HTTP camera: a 12.5 fps one gets its rate measured over its first
+    seconds, with one warning."""
+    camera = Camera(clip, free_port(), fps=12.5)
+    camera.start()
+    try:
+        with VideoSource(camera.url, pacing="realtime", name="slow-cam") as source:
+            assert source.read(timeout=WAIT_S) is not None
+            assert source.fps == 25.0  # what the camera claims, until measured
+            wait_until(lambda: source.read(timeout=0.5) is not None and measured(caplog), "a measured rate")
+            assert source.fps == pytest.approx(12.5, rel=0.1)  # generous: the machine is shared
+    finally:
+        camera.stop()
+    (warning,) = measured(caplog)
+    assert warning.levelno == logging.WARNING
+    assert "slow-cam: the camera reports 25.00 fps but sends" in warning.getMessage()
+    assert "fps: in the camera's config" in warning.getMessage()
+
+
+def test_live_source_keeps_a_reported_rate_it_measures_close(camera: Camera, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="edge.sources")
+    camera.start()  # 25 fps, as FFmpeg reports
+    with VideoSource(camera.url, pacing="realtime") as source:
+        wait_until(lambda: source.read(timeout=0.5) is not None and measured(caplog), "a measured rate")
+        assert source.fps == 25.0  # the reported rate itself, not a measurement near it
+    assert [record.levelno for record in measured(caplog)] == [logging.DEBUG]
+
+
+def test_live_fps_option_wins_over_the_measured_rate(clip: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="edge.sources")
+    camera = Camera(clip, free_port(), fps=12.5)
+    camera.start()
+    try:
+        with VideoSource(camera.url, pacing="realtime", fps=20.0) as source:
+            for _ in range(40):  # well past the seconds a measurement takes
+                assert source.read(timeout=WAIT_S) is not None
+                assert source.fps == 20.0
+    finally:
+        camera.stop()
+    assert not measured(caplog)
 
 
 def test_live_fps_cap_drops_frames_over_the_cap(camera: Camera) -> None:

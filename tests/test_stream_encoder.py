@@ -272,3 +272,22 @@ def test_a_1080p_stream_takes_a_faster_preset_on_two_threads_and_still_sends_eve
     assert len(decoded) == len(sent)
     for picture, original in zip(decoded, sent.values(), strict=True):
         assert mean_abs_error(picture, original) < 6
+
+
+def test_a_stream_takes_a_camera_rate_measured_later_from_its_next_encoder(frames: list[np.ndarray]) -> None:
+    """A live camera's rate is measured in its first seconds (edge.sources): a stream opened before at the default
+    25 fps keeps it for the open encoder's fragments and takes the measured 12.5 fps from the next encoder on."""
+    encoder = StreamEncoder(25.0, preset="veryfast")
+    before, after = [], []
+    for index, frame in enumerate(frames):
+        if index == 4:
+            encoder.set_fps(12.5)  # measured while the encoder is open
+        if index == 8:
+            before += encoder.finish()  # the camera's stream events ended
+        (before if index < 8 else after).extend(encoder.add(frame, index, index / 12.5))
+    after += encoder.finish()
+    assert before and after
+    assert {fragment.header.fps for fragment in before} == {"25/1"}
+    assert {fragment.header.fps for fragment in after} == {"25/2"}
+    with pytest.raises(FilterForwardError, match="fps must be > 0"):
+        encoder.set_fps(0.0)
