@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cloud_server import READ_WRITE, TRAINER_TIMEOUT, CloudServer, finish_trainer, run_cloud, start_trainer
+from cloud_server import READ_ONLY, READ_WRITE, TRAINER_TIMEOUT, CloudServer, finish_trainer, run_cloud, start_trainer
 from support import signed_in, wait_shown
 
 from models.datasets import LabelledDataset, write_synthetic
@@ -33,26 +33,28 @@ pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {
 expect.set_options(timeout=15_000)  # the page polls every 2 s
 
 
-@pytest.fixture(scope="module")
-def cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudServer]:
-    """A cloud whose tokens include a trainer's (train scope only), taking trained bundles (~150 kB)."""
+@pytest.fixture(scope="module", name="cloud")
+def cloud_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudServer]:
+    """A cloud whose tokens include a viewer's (read only) and a trainer's (train only), taking trained bundles
+    (~150 kB)."""
     tokens = [
         {"name": "operator", "token": READ_WRITE, "scopes": ["read", "write"]},
+        {"name": "viewer", "token": READ_ONLY, "scopes": ["read"]},
         {"name": "trainer", "token": TRAINER_TOKEN, "scopes": ["train"]},
     ]
     with run_cloud(tmp_path_factory.mktemp("cloud"), tokens=tokens, max_upload_bytes=2**20) as server:
         yield server
 
 
-@pytest.fixture(scope="module")
-def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", name="clip")
+def clip_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("clip")
     write_synthetic(folder, n_frames=FRAMES, size=SIZE, fps=FPS)
     return folder / "video.mp4"
 
 
-@pytest.fixture
-def page(browser, cloud: CloudServer) -> Iterator[Page]:
+@pytest.fixture(name="page")
+def page_fixture(browser, cloud: CloudServer) -> Iterator[Page]:
     with signed_in(
         browser, cloud.url, READ_WRITE, viewport={"width": 1400, "height": 1000}, accept_downloads=True
     ) as page:

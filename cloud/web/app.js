@@ -1023,6 +1023,7 @@ function init() {
     event.preventDefault();
     localStorage.setItem(TOKEN_KEY, tokenInput.value.trim());
     filtersSignature = "";
+    document.dispatchEvent(new Event("token-saved")); // labels held for a token that may write go now (studio.js)
     pollNow();
   });
   byId("token-clear").addEventListener("click", () => {

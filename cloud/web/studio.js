@@ -5,6 +5,7 @@
 //
 // Labels are applied on the page at once and sent in small ordered batches (PUT .../labels, debounced): a batch
 // that fails stays first in line and is retried until it is stored, so no label is lost or applied out of order.
+// A token without the write scope is not retried: its labels wait in the page for a token that may write them.
 
 const LABEL_DEBOUNCE_MS = 300; // quiet time before a batch of labels is sent
 const LABEL_MAX_WAIT_MS = 1000; // ... but a batch never waits longer than this while keys keep coming
@@ -62,6 +63,7 @@ async function refreshDatasets() {
   datasetList.loaded = true;
   datasetList.byName = new Map(datasets.map((dataset) => [dataset.name, dataset]));
   syncStudioDataset();
+  openLinked();
   const signature = JSON.stringify(datasets);
   if (signature === datasetList.signature) return;
   datasetList.signature = signature;
@@ -228,6 +230,12 @@ function rateText(dataset) {
   return fps >= 0.1 ? ` at ${fmt.number(fps, 1)} fps` : `, one every ${fmt.number(1 / fps, 0)} s`;
 }
 
+/** Clears a panel's error once a later request of that panel succeeded: the server is back, or what failed is past
+ * (an answer shown there, not an error, stays). */
+function clearError(messageId) {
+  if (byId(messageId).classList.contains("error")) setMessage(messageId, "");
+}
+
 /** Runs `action` with the form's submit button disabled; its answer (or the server's refusal) in `messageId`. */
 async function submitting(form, messageId, busyText, action) {
   const submit = form.querySelector("[type=submit]");
@@ -240,6 +248,53 @@ async function submitting(form, messageId, busyText, action) {
   } finally {
     submit.disabled = false;
   }
+}
+
+// ------------------------------------------------------------------------------------------ link to the studio
+
+// The open dataset and event are kept in the URL hash, #studio=<dataset>/<event> (each URL-encoded), so a reload or a
+// shared link opens them again once the datasets are read.
+const STUDIO_LINK = /^#studio=([^/]*)(?:\/(.*))?$/;
+let studioLink = null; // {dataset, event} the hash asks to open, until the datasets are read; null: none
+
+function readStudioLink() {
+  const match = STUDIO_LINK.exec(location.hash);
+  if (!match) return null;
+  const decoded = (text) => {
+    try {
+      return decodeURIComponent(text);
+    } catch {
+      return text; // a malformed escape: said as it is, as a dataset not here
+    }
+  };
+  return { dataset: decoded(match[1]), event: match[2] ? decoded(match[2]) : null };
+}
+
+/** The hash names the open dataset and event (or nothing, for null); replaced, so Back still leaves the page. */
+function writeStudioLink(dataset, event = "") {
+  const name = dataset === null ? "" : `#studio=${encodeURIComponent(dataset)}`;
+  const hash = name && event ? `${name}/${encodeURIComponent(event)}` : name;
+  if (hash !== location.hash) history.replaceState(null, "", hash || location.pathname + location.search);
+}
+
+/** Opens what the hash asked for, once the datasets are read; a dataset not here is said, and the hash cleared. */
+function openLinked() {
+  const link = studioLink;
+  studioLink = null;
+  if (!link) return;
+  if (datasetList.byName.has(link.dataset)) {
+    openStudio(link.dataset, link.event);
+    return;
+  }
+  writeStudioLink(null);
+  // Not an error status: the poll clears those once the table reads again, before anyone could see it.
+  setStatus("datasets-status", `The link names dataset ${link.dataset}, which is not here (deleted, or never made).`);
+}
+
+/** A link given to this tab (the address bar, or a click): opened now if the datasets are read, else once they are. */
+function followStudioLink() {
+  studioLink = readStudioLink();
+  if (datasetList.loaded) openLinked();
 }
 
 // ------------------------------------------------------------------------------------------- frame images
@@ -320,7 +375,8 @@ const studio = {
 
 const frameTotal = () => (studio.dataset ? studio.dataset.frames : 0);
 
-async function openStudio(name) {
+/** Opens the dataset at `event` (by default the one open before, else its first). */
+async function openStudio(name, event = null) {
   const dataset = datasetList.byName.get(name);
   if (!dataset) return;
   const previous = studio.dataset && studio.dataset.name;
@@ -337,7 +393,7 @@ async function openStudio(name) {
   fillEventChoices();
   fillTrainingKinds();
   const events = knownEvents(dataset);
-  const loading = chooseEvent(events.includes(studio.event) ? studio.event : events[0] || "");
+  const loading = chooseEvent(event ?? (events.includes(studio.event) ? studio.event : events[0] || ""));
   byId("studio").scrollIntoView({ block: "start" });
   await focusWhenLoaded(loading, studio.event ? stage : byId("studio-event"));
 }
@@ -352,6 +408,7 @@ async function focusWhenLoaded(loading, target) {
 }
 
 function closeStudio() {
+  if (studio.dataset) writeStudioLink(null); // left alone while none is open: a link still to open stays
   studio.generation += 1;
   studio.dataset = null;
   studio.event = "";
@@ -404,6 +461,7 @@ async function chooseEvent(event) {
   studio.lastLabelled = null;
   studio.draft = [];
   byId("studio-event").value = event;
+  writeStudioLink(studio.dataset.name, event);
   byId("train-filter").value = event ? defaultFilterName(studio.dataset.name, event) : "";
   setMessage("region-message", "");
   setMessage("train-message", "");
@@ -624,12 +682,14 @@ const outbox = {
   failures: 0, // failed PUTs in a row
   error: "", // why the first batch failed (it is retried)
   refused: "", // why the server refused a batch for good (shown until the next one is stored)
+  forbidden: false, // the token may not write labels (403): nothing is sent until another token is saved
   waiters: [], // {resolve, reject} of promises waiting for the outbox to empty
 };
 
 // Refusals no retry can change (a frame outside the dataset, an event name the server refuses, a deleted dataset):
 // the batch is dropped, the refusal shown, and the event's labels read again so the page shows what is stored.
-// Every other failure (no network, a token, a busy database) is retried until the batch is stored.
+// A token without the write scope (403) holds every batch until a token is saved (tokenSaved). Every other failure
+// (no network, a token refused, a busy database) is retried until the batch is stored.
 const REFUSED_FOR_GOOD = new Set([400, 404, 413, 422]);
 
 function queueLabels(dataset, event, frames, value) {
@@ -644,7 +704,7 @@ function queueLabels(dataset, event, frames, value) {
     batch.labels.set(frame, value);
   }
   if (!outbox.firstQueued) outbox.firstQueued = Date.now();
-  if (!outbox.error) {
+  if (!outbox.error && !outbox.forbidden) {
     const wait = Math.min(LABEL_DEBOUNCE_MS, Math.max(0, outbox.firstQueued + LABEL_MAX_WAIT_MS - Date.now()));
     scheduleFlush(wait);
   }
@@ -673,22 +733,25 @@ async function flushLabels() {
     outbox.failures = 0;
     outbox.error = "";
     outbox.refused = "";
+    outbox.forbidden = false;
     datasetAnswered(dataset);
   } catch (err) {
     batch.sending = false;
     if (REFUSED_FOR_GOOD.has(err.status)) {
       labelsRefused(batch, err.message);
+    } else if (err.status === 403) {
+      labelsForbidden();
     } else {
       outbox.failures += 1;
       outbox.error = err.message;
       for (const waiter of outbox.waiters.splice(0)) waiter.reject(new Error(`labels not saved yet: ${err.message}`));
     }
   }
-  if (outbox.batches.length) {
+  if (!outbox.batches.length) {
+    for (const waiter of outbox.waiters.splice(0)) waiter.resolve();
+  } else if (!outbox.forbidden) {
     const retry = RETRY_MS[Math.min(outbox.failures, RETRY_MS.length) - 1];
     scheduleFlush(outbox.error ? retry : 0);
-  } else {
-    for (const waiter of outbox.waiters.splice(0)) waiter.resolve();
   }
   renderSaveState();
   if (studio.dataset) renderStrip();
@@ -702,6 +765,25 @@ function labelsRefused(batch, detail) {
   if (studio.dataset && studio.dataset.name === batch.dataset && studio.event === batch.event) {
     loadLabels(studio.generation);
   }
+}
+
+/** A token that may read but not write: retrying cannot help, but the labels are the user's work, so they stay
+ * queued (and shown) until a token is saved, and are sent then (tokenSaved). */
+function labelsForbidden() {
+  outbox.forbidden = true;
+  outbox.failures = 0;
+  outbox.error = "";
+  for (const waiter of outbox.waiters.splice(0)) waiter.reject(forbiddenError());
+}
+
+const forbiddenError = () => new Error(`${plural(unsavedCount(), "label")} not saved: this token may not write labels`);
+
+/** A token was saved (app.js): labels held back or failing are sent with it now, not at the next retry. */
+function tokenSaved() {
+  if (!outbox.batches.length) return;
+  outbox.forbidden = false;
+  scheduleFlush(0);
+  renderSaveState();
 }
 
 /** The dataset as a PUT answered it: its counts are the live ones. */
@@ -738,6 +820,7 @@ const unsavedCount = () => outbox.batches.reduce((sum, batch) => sum + batch.lab
 /** Resolves once every label is stored; sends what waits now. Rejects when a PUT is failing. */
 function labelsSaved() {
   if (!outbox.batches.length) return Promise.resolve();
+  if (outbox.forbidden) return Promise.reject(forbiddenError());
   if (outbox.error) return Promise.reject(new Error(`${plural(unsavedCount(), "label")} not saved yet: ${outbox.error}`));
   if (outbox.timer) scheduleFlush(0);
   return new Promise((resolve, reject) => outbox.waiters.push({ resolve, reject }));
@@ -747,7 +830,12 @@ function renderSaveState() {
   const count = unsavedCount();
   const node = byId("save-state");
   node.dataset.unsaved = String(count);
-  if (outbox.error) {
+  if (outbox.forbidden) {
+    const text =
+      `${plural(count, "label")} not saved: this token may not write labels. They are kept in this page and sent ` +
+      "once a token with the write scope is saved (top right).";
+    setStatus("save-state", text, true);
+  } else if (outbox.error) {
     const wait = RETRY_MS[Math.min(outbox.failures, RETRY_MS.length) - 1] / 1000;
     const text = `${plural(count, "label")} not saved yet: ${outbox.error} (retrying every ${wait} s)`;
     setStatus("save-state", text, true);
@@ -947,6 +1035,7 @@ async function pollTrainingJob() {
   try {
     const job = await api(`/api/training-jobs/${shown.id}`);
     if (generation !== studio.generation || training.job !== shown) return;
+    clearError("train-message");
     showTrainingJob(job);
   } catch (err) {
     if (generation !== studio.generation || training.job !== shown) return;
@@ -1122,6 +1211,7 @@ function examplesView(examples) {
       "div",
       { class: "examples", "data-testid": `examples-${key}` },
       el("h4", { title: what }, `${title} (${fmt.count(total)})`),
+      examplesShown(frames.length, total),
       el(
         "div",
         { class: "example-row" },
@@ -1130,6 +1220,14 @@ function examplesView(examples) {
     );
   });
   return [el("p", { class: "muted" }, `Example frames, ${note}; click one to label it.`), ...groups];
+}
+
+/** Why the heading counts more frames than the row shows: a report names one frame of a few runs of consecutive frames
+ * (trainer/report.py), not every frame of the kind; null when every one is shown. */
+function examplesShown(shown, total) {
+  if (shown >= total) return null;
+  const text = `${fmt.count(shown)} of ${fmt.count(total)} shown, one frame per run of consecutive frames`;
+  return el("p", { class: "muted examples-shown", "data-testid": "examples-shown" }, text);
 }
 
 function exampleThumb(example) {
@@ -1258,17 +1356,15 @@ async function showRevisions(filter) {
   const generation = studio.generation;
   const asked = ++revisionsOf.asked;
   if (revisionsOf.filter !== filter) Object.assign(revisionsOf, { filter, loaded: false });
-  let revisions = [];
-  let exists = true;
+  let answer = null;
   try {
-    [revisions, exists] = await Promise.all([
-      api(`/api/filters/${encodeURIComponent(filter)}/revisions`),
-      filterExists(filter),
-    ]);
+    answer = await Promise.all([api(`/api/filters/${encodeURIComponent(filter)}/revisions`), filterExists(filter)]);
   } catch {
-    revisions = []; // a filter not deployed yet
+    // not readable now (the server is down): none shown, read again at the next change of the filters
   }
   if (generation !== studio.generation || asked !== revisionsOf.asked) return;
+  const [revisions, exists] = answer || [[], true];
+  if (answer) clearError("revisions-message");
   const current = revisions.find((revision) => revision.current);
   Object.assign(revisionsOf, { loaded: true, exists, current: current ? current.job : null });
   refreshDeployState();
@@ -1342,6 +1438,8 @@ async function rollBack(filter, revision, button) {
 SECTIONS.push(["datasets-status", refreshDatasets]); // polled with the rest of the page (app.js)
 
 function initStudio() {
+  studioLink = readStudioLink();
+  window.addEventListener("hashchange", followStudioLink);
   byId("footage-details").addEventListener("toggle", (event) => {
     if (event.currentTarget.open) loadFootageChoices();
   });
@@ -1366,6 +1464,7 @@ function initStudio() {
   byId("train-form").addEventListener("submit", trainFilter);
   document.addEventListener("dataset-changed", (event) => feedbackGiven(event.detail));
   document.addEventListener("signed-out", clearStudioViews);
+  document.addEventListener("token-saved", tokenSaved);
   document.addEventListener("filters-changed", refreshRevisions);
   document.addEventListener("keydown", onStudioKey);
   window.addEventListener("beforeunload", (event) => {
