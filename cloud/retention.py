@@ -3,7 +3,8 @@ age, then by size.
 
 Frames age by when the cloud received them, clips by when their event ended. Rows go first (one
 transaction per batch), then their files, so no row ever points at a file deleted before it; a file
-already missing is fine. An ended event that lost its last frame and its clip here is deleted as well.
+already missing is fine. An ended event that lost its last frame and its clip here is deleted as well, and so is
+one older than the age limit that never had any (its frames were dropped from an edge's full spool in an outage).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def sweep(
             sessions, StoredFrame.received_at < cutoff, Event.ended_at < cutoff, Fragment.received_at < cutoff
         ):
             _delete(sessions, store, batch, tally)
+        with sessions.begin() as session:
+            tally[EVENTS] += _delete_emptied_events(session, Event.ended_at < cutoff)
     if max_bytes is not None:
         while (excess := _stored(sessions) - max_bytes) > 0 and (batch := _covering(_oldest(sessions), excess)):
             _delete(sessions, store, batch, tally)
@@ -153,7 +156,7 @@ def _delete(sessions: sessionmaker, store: FrameStore, payloads: list[_Payload],
         session.execute(delete(StoredFrame).where(StoredFrame.id.in_(frame_ids)))  # event_frames rows cascade
         session.execute(update(Event).where(Event.id.in_(clip_ids)).values(clip_path=None, clip_size=0))
         session.execute(delete(Fragment).where(Fragment.id.in_(fragment_ids)))  # their frames' fragment_id: NULL
-        tally[EVENTS] += _delete_emptied_events(session, touched)
+        tally[EVENTS] += _delete_emptied_events(session, Event.uid.in_(touched))
     tally[FRAMES] += len(frame_ids)
     tally[CLIPS] += len(clip_ids)
     tally[FRAGMENTS] += len(fragment_ids)
@@ -166,10 +169,10 @@ def _count(session: Session, tally: dict[str, int]) -> None:
             add_counter(session, name, n)
 
 
-def _delete_emptied_events(session: Session, uids: set[str]) -> int:
-    """Deletes the ended events among `uids` that have no frame and no clip left; returns how many."""
+def _delete_emptied_events(session: Session, which: ColumnElement[bool]) -> int:
+    """Deletes the ended events meeting `which` that have no frame and no clip (left); returns how many."""
     emptied = delete(Event).where(
-        Event.uid.in_(uids),
+        which,
         Event.ended_at.is_not(None),
         Event.clip_path.is_(None),
         ~exists().where(EventFrame.event_uid == Event.uid),

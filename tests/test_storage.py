@@ -462,9 +462,13 @@ def test_retention_by_age_deletes_old_frames_clips_and_emptied_events(
     storage.store_frame(EDGE, frame(8, "new"), b"f" * 10)
     storage.store_event(EDGE, event(9, "start", "ended-no-frames"), b"")
     storage.store_event(EDGE, event(10, "end", "ended-no-frames"), b"")
+    # Its frames were dropped from the edge's full spool during an outage: an event with none, ever.
+    storage.store_event(EDGE, event(11, "start", "old-no-frames"), b"")
+    storage.store_event(EDGE, event(12, "end", "old-no-frames"), b"")
     age(sessions, StoredFrame, "received_at", [2, 3, 5], days=40)
-    [old] = rows(sessions, Event, Event.uid.endswith("/old"))
-    age(sessions, Event, "ended_at", [old.id], days=40)
+    ids = {e.uid.rsplit("/", 1)[1]: e.id for e in rows(sessions, Event)}
+    age(sessions, Event, "ended_at", [ids["old"], ids["old-no-frames"]], days=40)
+    age(sessions, Event, "ended_at", [ids["ended-no-frames"]], days=1)  # within the limit: stays
     store.delete(f"frames/{EDGE}/{CAMERA}/{RUN}-5.jpg")
     orphan = store.root / "frames" / EDGE / CAMERA / ".tmp-killed-mid-write"
     orphan.write_bytes(b"g" * 10)
@@ -477,7 +481,7 @@ def test_retention_by_age_deletes_old_frames_clips_and_emptied_events(
         "retention_frames_deleted": 3,
         "retention_clips_deleted": 1,
         "retention_fragments_deleted": 0,
-        "retention_events_deleted": 1,
+        "retention_events_deleted": 2,
         "retention_bytes_deleted": 50,
     }
     assert sorted(f.seq for f in rows(sessions, StoredFrame)) == [7, 8]
