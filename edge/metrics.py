@@ -32,7 +32,8 @@ CAMERA_METRICS = (
     ("frames", True, "frames processed"),
     ("matched", True, "frames matched by at least one filter"),
     ("skipped", True, "frames the change gate found unchanged (the last processed frame's scores reused)"),
-    ("dropped", True, "frames decoded but never processed (behind, or over the fps cap)"),
+    ("dropped", True, "frames decoded but never processed: processing fell behind the camera"),
+    ("capped", True, "frames of a live camera over its fps option, left out by design"),
     ("online", False, "1 while the camera delivers frames"),
 )
 # (key in Uplink.stats(), metric name, counter?, help)

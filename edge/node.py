@@ -309,7 +309,7 @@ class EdgeNode:
             with self._stats_lock:
                 window = pipeline.take_stats()
                 self._totals[name].add(window)
-                s = window.summary(dropped=stats.frames_dropped)
+                s = window.summary(dropped=stats.frames_dropped, capped=stats.frames_capped)
                 cameras[name] = self._window[name] = {
                     **s,
                     "decode_ms": stats.decode_ms,
@@ -317,7 +317,7 @@ class EdgeNode:
                 }
             log.info(
                 "camera %s: %.1f fps, decode %.1f ms, base %.1f ms, MCs %.1f ms, %d unchanged, %d matched, %d bytes, "
-                "%d dropped, %d failed so far%s",
+                "%d dropped, %d failed so far%s%s",
                 name,
                 s["fps"],
                 stats.decode_ms,
@@ -328,6 +328,7 @@ class EdgeNode:
                 s["bytes_out"],
                 s["dropped"],
                 self._totals[name].failed,
+                f" ({s['capped']} left out by the fps cap)" if s["capped"] else "",
                 _state(source.ended, stats.online, stopped=final and self._stopping()),
             )
         if self.link is not None and self.uplink is not None and self.filtersync is not None:
@@ -352,6 +353,7 @@ class EdgeNode:
                     "matched": totals.matched + current.matched,
                     "skipped": totals.skipped + current.skipped,
                     "dropped": stats.frames_dropped,
+                    "capped": stats.frames_capped,
                     "online": stats.online and not self._stop.is_set(),
                 }
         return metrics

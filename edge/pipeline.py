@@ -54,7 +54,7 @@ class StageStats:
     mc_seconds: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
-    def summary(self, dropped: int) -> dict[str, float]:
+    def summary(self, dropped: int, capped: int) -> dict[str, float]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         frames = max(self.frames, 1)
         return {
@@ -66,6 +66,7 @@ class StageStats:
             "skipped": self.skipped,
             "bytes_out": self.bytes_out,
             "dropped": dropped,
+            "capped": capped,
         }
 
 

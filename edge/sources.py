@@ -65,7 +65,8 @@ class Frame:
 class SourceStats:
     online: bool  # a recording is online while it plays; a live source while connected
     frames_read: int  # decoded frames, delivered or not
-    frames_dropped: int  # decoded but never handed out (consumer behind, or over the fps cap)
+    frames_dropped: int  # decoded but never handed out because the consumer fell behind
+    frames_capped: int  # a live camera's frames over its fps cap, left out by design (also gaps in the indexes)
     reconnects: int  # times a live source came back after losing its connection
     last_error: str | None  # the most recent failure, kept after recovery
     fps: float  # measured decode rate over the last couple of seconds
@@ -471,7 +472,7 @@ class VideoSource:
     pacing: "every-frame" (every frame in order, deterministic) or "realtime" (see the module doc).
     fps: for recordings, the rate for timestamps and realtime pacing (default: the recorded one);
     for live sources, their rate (default: measured, see the module doc) and a cap on delivered frames (the
-    rest count as dropped).
+    rest are counted as capped, apart from frames dropped because the consumer fell behind).
     resolution: (width, height) every frame is resized to (INTER_AREA) on the reader thread; None keeps the
     source's own size.
     queue_size: frames buffered between the reader thread and the consumer.
@@ -522,6 +523,7 @@ class VideoSource:
         self._connections = 0
         self._frames_read = 0
         self._frames_dropped = 0
+        self._frames_capped = 0
         self._last_error: str | None = None
         if not self.is_live or fail_fast:
             self._reader = self._open()
@@ -554,6 +556,7 @@ class VideoSource:
                 online=self._online,
                 frames_read=self._frames_read,
                 frames_dropped=self._frames_dropped,
+                frames_capped=self._frames_capped,
                 reconnects=max(0, self._connections - 1),
                 last_error=self._last_error,
                 fps=self._meter.rate(now),
@@ -730,8 +733,11 @@ class VideoSource:
                 frame = self._frame(*decoded, reader.decode_s)
                 if pacer is not None and not pacer.wait(self._stop):
                     return
-                over_cap = self._cap is not None and not self._cap.admit(time.monotonic())
-                dropped = 1 if over_cap else self._queue.put(frame, drop_oldest=realtime)
+                if self._cap is not None and not self._cap.admit(time.monotonic()):
+                    with self._lock:
+                        self._frames_capped += 1
+                    continue
+                dropped = self._queue.put(frame, drop_oldest=realtime)
                 with self._lock:
                     self._frames_dropped += dropped
         finally:

@@ -280,6 +280,7 @@ def check_metrics(edge: Edge) -> None:
         assert value(f"filterforward_edge_camera_{name}", **camera) > 0, name
     assert value("filterforward_edge_camera_matched_total", **camera) > 0
     assert value("filterforward_edge_camera_dropped_total", **camera) >= 0
+    assert value("filterforward_edge_camera_capped_total", **camera) == 0  # no fps option
     assert value("filterforward_edge_uplink_sent_messages_total") >= value("filterforward_edge_uplink_acked_total")
     assert value("filterforward_edge_uplink_sent_bytes_total") > 0
     assert value("filterforward_edge_uplink_spool_dropped_total") == 0
