@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 from pydantic import ValidationError
 
+from models.cache import write_whole
 from models.errors import FilterForwardError, validation_summary
 from models.filterspec import FilterSpec
 from models.mc_kinds import MC_KINDS, MCKind
@@ -35,9 +36,7 @@ OPSET_RANGE = (13, 21)
 def write_bundle(path: Path, spec: FilterSpec, onnx_bytes: bytes) -> Path:
     """Write (or overwrite) the bundle folder `path`."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / MODEL_FILE).write_bytes(onnx_bytes)
-    (path / SPEC_FILE).write_text(spec.model_dump_json(indent=2) + "\n")
+    write_whole(path, {MODEL_FILE: onnx_bytes, SPEC_FILE: (spec.model_dump_json(indent=2) + "\n").encode()})
     log.info("wrote filter bundle %s (%s, %d bytes of ONNX)", path, spec.name, len(onnx_bytes))
     return path
 

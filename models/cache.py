@@ -1,12 +1,12 @@
 """Where exported models and feature caches live on disk ($FILTERFORWARD_CACHE, else ~/.cache/filterforward), and how
-a file there is written so that no reader ever picks up half of it."""
+a file there (or a bundle's or dataset's files) is written so that no reader ever picks up half of it."""
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from models.errors import FilterForwardError
@@ -43,3 +43,18 @@ def written_whole(target: Path) -> Iterator[Path]:
         temporary.replace(target)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def write_whole(folder: Path, files: Mapping[str, bytes]) -> None:
+    """Each of `files` (name -> bytes) in `folder`, every one written in full before any replaces its old copy: a
+    failure (a full disk) leaves the old files as they were, not a new model beside an old spec or half a labels
+    file. The error names the file it failed on."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with ExitStack() as renames:  # closing it renames each written file over its target; an error removes them
+        for name, data in files.items():
+            target = folder / name
+            temporary = renames.enter_context(written_whole(target))
+            try:
+                temporary.write_bytes(data)
+            except OSError as exc:  # a write's error names no file
+                raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc

@@ -10,6 +10,7 @@ so frames sampled apart or joined from several times are known not to follow eac
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -21,6 +22,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from models.cache import write_whole
 from models.datasets.frames import IMAGE_SUFFIXES, VIDEO_SUFFIXES, image_files, is_video, probe, read_frames
 from models.errors import FilterForwardError, validation_summary
 from models.evaluation import runs
@@ -471,7 +473,8 @@ def write_labelled(
     check_output(out, [LABELS_FILE, CONFIG_FILE], overwrite)
     table = np.column_stack([np.arange(dataset.n_frames)] + [dataset.labels[e] for e in events] + list(extra.values()))
     header = ",".join([FRAME_INDEX, *events, *extra])
-    np.savetxt(out / LABELS_FILE, table.astype(np.int64), fmt="%d", delimiter=",", header=header, comments="")
+    labels = io.StringIO()
+    np.savetxt(labels, table.astype(np.int64), fmt="%d", delimiter=",", header=header, comments="")
     source = dataset.source.resolve()
     try:
         where = str(source.relative_to(out.resolve()))
@@ -486,5 +489,5 @@ def write_labelled(
         regions=dataset.regions,
     )
     text = yaml.safe_dump(config.model_dump(mode="json", exclude_none=True), sort_keys=False, default_flow_style=None)
-    (out / CONFIG_FILE).write_text(text)
+    write_whole(out, {LABELS_FILE: labels.getvalue().encode(), CONFIG_FILE: text.encode()})
     return open_dataset(out)
