@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,7 +246,26 @@ def _taps(base: BaseDNN, images: np.ndarray, taps: list[str], mirrored: bool) ->
 
 def _store(array: np.memmap, request: FeatureRequest, tap: np.ndarray, indices: np.ndarray) -> None:
     rows, cols = request.roi.cells(*tap.shape[2:])
+    _reserve(array, int(indices.min()), int(indices.max()) + 1)
     array[indices] = tap[:, :, rows, cols].astype(np.float16)
+
+
+def _reserve(array: np.memmap, first: int, stop: int) -> None:
+    """Disk space for rows first..stop-1 of the sparse array before they are written: a write into a hole of a
+    memory map on a full disk kills the process with SIGBUS, not an error anyone can read."""
+    if not hasattr(os, "posix_fallocate"):  # macOS: no way to ask ahead
+        return
+    offset, row = array.offset, array.strides[0]
+    fd = os.open(array.filename, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, offset + first * row, (stop - first) * row)
+    except OSError as exc:
+        raise FilterForwardError(
+            f"no room for the feature cache in {Path(array.filename).parent} ({exc.strerror}): free space there or "
+            "point FILTERFORWARD_CACHE at a disk with room"
+        ) from None
+    finally:
+        os.close(fd)
 
 
 def _mark_filled(entry: _Entry, n_frames: int) -> None:

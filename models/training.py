@@ -134,6 +134,8 @@ def _schedule_fields(schedule: str, values: list[str]) -> dict[str, object]:
 
 MAX_ENSEMBLE = 8
 MAX_LR = 1.0  # a step this large already throws an MC's weights far off; larger is a typo
+MAX_STEPS = 100_000  # hours of training at most; the step schedules are arrays this long (the cloud's bound too)
+MAX_BATCH_SIZE = 4096  # crops per step: a batch of 100,000 late-tap crops took 21 GB before the OOM killer came
 ENSEMBLE_SEED_STEP = 1000  # member i of an ensemble starts from seed + i * this
 
 
@@ -579,10 +581,10 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
             f"a region's context cells are for a {_kinds_that(lambda k: k.cellwise)} MC, not {config.architecture}: "
             "drop --context or change the kind"
         )
-    if config.steps < 1 or config.batch_size < 2 or config.threads < 1:
+    if not (1 <= config.steps <= MAX_STEPS and 2 <= config.batch_size <= MAX_BATCH_SIZE and config.threads >= 1):
         raise FilterForwardError(
-            f"need steps >= 1, batch size >= 2 and threads >= 1, got {config.steps}, {config.batch_size} and "
-            f"{config.threads}"
+            f"need steps from 1 to {MAX_STEPS:,}, a batch size from 2 to {MAX_BATCH_SIZE} and threads >= 1, got "
+            f"{config.steps}, {config.batch_size} and {config.threads}"
         )
     if config.seed < 0:
         raise FilterForwardError(f"the seed must be 0 or more, got {config.seed}")

@@ -432,6 +432,14 @@ def test_images_of_different_sizes(tmp_path: Path) -> None:
         list(open_dataset(root).frames())
 
 
+def test_an_empty_or_broken_image_is_named_not_a_traceback(tmp_path: Path) -> None:
+    root = _image_dataset(tmp_path / "ds", "frame_index,a\n0,1\n")
+    for damage in (b"", b"not a png"):  # an empty file made OpenCV's imdecode assert
+        (root / "frames" / "f5.png").write_bytes(damage)
+        with pytest.raises(FilterForwardError, match=r"f5\.png is not a readable image: replace or remove it"):
+            list(open_dataset(root).frames())
+
+
 def test_frame_count_is_what_decodes_not_what_the_container_says(tmp_path: Path) -> None:
     whole = tmp_path / "whole.avi"
     writer = cv2.VideoWriter(str(whole), cv2.VideoWriter_fourcc(*"MJPG"), 10, (64, 48))

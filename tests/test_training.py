@@ -115,6 +115,39 @@ def entry_array(dataset: LabelledDataset, request: FeatureRequest, input_size: t
     return np.load(cache_dir("features", key) / FEATURES_FILE, mmap_mode="r+")
 
 
+CACHE_ON_A_FULL_DISK = """
+import sys
+from pathlib import Path
+from models.datasets.labelled import open_dataset
+from models.errors import FilterForwardError
+from models.features import FeatureRequest, cached_features
+dataset, model = open_dataset(sys.argv[1]), Path(sys.argv[2])
+try:
+    cached_features(dataset, [FeatureRequest("pixels")], (128, 96), None, model, progress=False)
+except FilterForwardError as exc:
+    print(exc)
+"""
+
+
+def test_a_feature_cache_on_a_full_disk_is_said_not_a_sigbus(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path
+) -> None:
+    """The sparse array's pages met the full disk only when written, and the kernel killed training with SIGBUS."""
+    disk = tmp_path / "disk"  # 1 MiB; the 48 frames' pixels take 3.5 MB
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]).returncode:
+        pytest.skip("mounting a small disk needs root")
+    try:
+        environment = {**os.environ, "FILTERFORWARD_CACHE": str(disk)}
+        command = [sys.executable, "-c", CACHE_ON_A_FULL_DISK, str(tiny.root), str(base_model)]
+        done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120)
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    assert done.returncode == 0, done.stderr
+    assert "no room for the feature cache in " + str(disk / "features") in done.stdout, done.stdout
+    assert "free space there or point FILTERFORWARD_CACHE at a disk with room" in done.stdout
+
+
 def test_second_call_is_served_from_the_cache(
     tiny: LabelledDataset, base_model: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -309,6 +342,9 @@ def test_cli_explains_bad_arguments(
     for lr in ("nan", "-1", "0"):
         assert main([*base, "--event", "any_object", f"--lr={lr}"]) == 2
         assert f"the learning rate must be above 0 and at most 1, got {float(lr)}" in capsys.readouterr().err
+    for option in ("--steps=100000000000", "--batch-size=100000"):  # an OOM kill without a word, or a traceback
+        assert main([*base, "--event", "any_object", option]) == 2
+        assert "need steps from 1 to 100,000, a batch size from 2 to 4096" in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--arch", "windowed", "--window", "1"]) == 2
     assert "a windowed MC needs a window of at least 2 frames, got 1: raise --window" in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--input-size", "100000x100000"]) == 2

@@ -97,7 +97,8 @@ def _probe_images(folder: Path, fps: float | None) -> FrameInfo:
 
 def _read_image(path: Path) -> np.ndarray:
     # imdecode of the raw bytes also works for paths that cv2.imread cannot open (non-ASCII names).
-    image = cv2.imdecode(np.fromfile(path, dtype=np.uint8), cv2.IMREAD_COLOR)
+    data = np.fromfile(path, dtype=np.uint8)
+    image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None  # imdecode asserts on no bytes
     if image is None:
         raise FilterForwardError(f"{path} is not a readable image: replace or remove it")
     return image
