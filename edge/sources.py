@@ -417,7 +417,16 @@ class _RateMeter:
         return 1000.0 * sum(decode_s for _, decode_s in recent) / len(recent) if recent else 0.0
 
 
-class _RateProbe:
+def settled_fps(reported: float | None, measured: float) -> float:
+    """A live source's rate once measured: the reported one unless the measurement (to 3 digits) differs from it
+    clearly, or there is none."""
+    measured = float(f"{measured:.3g}")
+    if reported is None or abs(measured - reported) > _FPS_TOLERANCE * reported:
+        return measured
+    return reported
+
+
+class RateProbe:
     """A live camera's real frame rate, from when its frames arrive (FFmpeg's stream times for an MJPEG camera
     are made up at the 25 fps it reports, so only our clock tells). Frames buffered while the connection opened
     arrive in a burst (an RTSP camera then measured twice its rate): the window starts as long after the first
@@ -513,7 +522,7 @@ class VideoSource:
         self._error: BaseException | None = None
         self._fps: float | None = fps
         self._fps_unmeasured = self.is_live and fps is None  # until a live source's rate has been measured
-        self._probe: _RateProbe | None = None  # measures it on the current connection
+        self._probe: RateProbe | None = None  # measures it on the current connection
         self._frame_size: tuple[int, int] | None = None
         self._cap = _RateCap(fps) if self.is_live and fps is not None else None
         self._clock = _LiveClock()
@@ -623,7 +632,7 @@ class VideoSource:
             self._frame_size = reader.frame_size
             if self._fps_unmeasured:  # measured once per source: a reconnect keeps the measured rate
                 self._fps = reader.fps  # until then
-                self._probe = _RateProbe(time.monotonic() - reader.open_s, reader.fps)
+                self._probe = RateProbe(time.monotonic() - reader.open_s, reader.fps)
             elif not self.is_live:
                 self._fps = self._fps_option or self._target.fps or reader.fps or DEFAULT_FPS
             fps = self._fps
@@ -636,16 +645,15 @@ class VideoSource:
         log.log(self._online_level, "%s: online, %dx%d, %s, pacing %s", self.name, width, height, rate, self.pacing)
 
     def _measured(self, reported: float | None, measured: float) -> None:
-        """Settles a live source's rate: the reported one unless the measured one (to 3 digits) differs
-        clearly, or there is none."""
+        """Settles a live source's rate (settled_fps) and says so."""
+        fps = settled_fps(reported, measured)
         measured = float(f"{measured:.3g}")
-        wrong = reported is None or abs(measured - reported) > _FPS_TOLERANCE * reported
         with self._lock:
             self._probe, self._fps_unmeasured = None, False
-            self._fps = measured if wrong else reported
+            self._fps = fps
         if reported is None:
             log.info("%s: measured %.2f fps (the camera reports none)", self.name, measured)
-        elif not wrong:
+        elif fps == reported:
             log.debug("%s: measured %.2f fps, as the camera reports", self.name, measured)
         else:
             log.warning(

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from support import free_port, wait_until
 
-from edge.sources import DEFAULT_FPS, Frame, VideoSource, open_source
+from edge.sources import DEFAULT_FPS, Frame, RateProbe, VideoSource, open_source, settled_fps
 from models.errors import FilterForwardError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -383,22 +383,30 @@ def test_live_source_measures_the_rate_an_mjpeg_camera_really_sends(
             assert source.read(timeout=WAIT_S) is not None
             assert source.fps == 25.0  # what the camera claims, until measured
             wait_until(lambda: source.read(timeout=0.5) is not None and measured(caplog), "a measured rate")
-            assert source.fps == pytest.approx(12.5, rel=0.1)  # generous: the machine is shared
+            # 12.5, or less on a loaded machine (the camera then drops frames): what it sends, not the 25 claimed.
+            assert source.fps < 25 * 0.85
     finally:
         camera.stop()
     (warning,) = measured(caplog)
     assert warning.levelno == logging.WARNING
-    assert "slow-cam: the camera reports 25.00 fps but sends" in warning.getMessage()
+    assert f"slow-cam: the camera reports 25.00 fps but sends {source.fps:.2f} fps" in warning.getMessage()
     assert "fps: in the camera's config" in warning.getMessage()
 
 
-def test_live_source_keeps_a_reported_rate_it_measures_close(camera: Camera, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="edge.sources")
-    camera.start()  # 25 fps, as FFmpeg reports
-    with VideoSource(camera.url, pacing="realtime") as source:
-        wait_until(lambda: source.read(timeout=0.5) is not None and measured(caplog), "a measured rate")
-        assert source.fps == 25.0  # the reported rate itself, not a measurement near it
-    assert [record.levelno for record in measured(caplog)] == [logging.DEBUG]
+def test_a_measured_rate_replaces_the_reported_one_only_where_they_differ_clearly() -> None:
+    assert settled_fps(25.0, 24.1) == 25.0  # the reported rate itself, not a measurement near it
+    assert settled_fps(12.5, 12.585) == 12.5
+    assert settled_fps(25.0, 12.4876) == 12.5  # an MJPEG camera's made-up 25
+    assert settled_fps(None, 9.99613) == 10.0
+
+
+def test_a_rate_is_measured_after_the_burst_of_frames_buffered_while_connecting() -> None:
+    probe = RateProbe(connecting=0.0, reported=25.0)
+    # The connection took 1 s to open; the frames the camera sent meanwhile come at once, then one every 80 ms.
+    arrivals = [1.0 + 0.01 * n for n in range(12)] + [2.0 + 0.08 * n for n in range(40)]
+    rates = [(at, rate) for at in arrivals if (rate := probe.tick(at)) is not None]
+    (at, rate), *_ = rates
+    assert at == pytest.approx(4.0) and rate == pytest.approx(12.5)  # 2 s after the window opened at 2.0, not sooner
 
 
 def test_live_fps_option_wins_over_the_measured_rate(clip: Path, caplog: pytest.LogCaptureFixture) -> None:
