@@ -334,6 +334,9 @@ def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) ->
         ("frame_index,a\n0,1\n", "fps: 10\nevents: [b]\n", r"lacks the event columns \['b'\]"),
         ("frame_index,a\n0,1\n", "fps: 10\ncolour: red\n", "invalid at colour"),
         ("frame_index,a\n0,1\n", "fps: [10\n", "not valid YAML"),
+        # YAML keeps the last of two: 30 fps was read without a word.
+        ("frame_index,a\n0,1\n", "fps: 25\nfps: 30\n", r"dataset\.yaml: key 'fps' is given twice \(lines 1 and 2\)"),
+        ("frame_index,a\n0,1\n", "fps: 10\nregions:\n  a: {x0: 0, x0: 1}\n", "key 'x0' is given twice"),
         ("frame_index,a\n0,1\n", "{}\n", "set `fps:` in dataset.yaml"),
         ("frame_index,a\n0,1\n", "fps: 10\nregions: {b: {x0: 0, y0: 0, x1: 1, y1: 1}}\n", "no events"),
         ("frame_index,a\n0,1\n", "fps: 10\nregions: {a: {polygon: [[0, 0], [1, 1], [1, 0], [0, 1]]}}\n", "crosses"),

@@ -216,13 +216,31 @@ def open_dataset(path: str | Path) -> LabelledDataset:
     )
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (plain YAML keeps the last: `fps: 25` then `fps: 30`
+    read as 30 without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise FilterForwardError(
+                    f"key {key!r} is given twice (lines {seen[key]} and {key_node.start_mark.line + 1}): keep one"
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_config(root: Path) -> DatasetConfig:
     path = root / CONFIG_FILE
     if not path.is_file():
         return DatasetConfig()
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader) or {}
         return DatasetConfig.model_validate(data, context=INPUT)
+    except FilterForwardError as exc:
+        raise FilterForwardError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise FilterForwardError(f"{path} is not valid YAML ({_one_line(exc)}): fix its syntax") from None
     except UnicodeDecodeError:
