@@ -10,6 +10,7 @@ torchrun, fill the cache on one rank before the others read it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from models.base_export import base_model_file, file_digest
-from models.cache import cache_dir, written_whole
+from models.cache import CacheUnusable, cache_dir, written_whole
 from models.datasets.frames import images_digest
 from models.datasets.labelled import LabelledDataset
 from models.errors import FilterForwardError
@@ -87,7 +88,15 @@ def cached_features(
     ]
     todo = [e for e in entries if e.missing.size]
     if todo:
-        _fill(dataset, todo, input_size, model_path, batch_size, progress)
+        try:
+            _fill(dataset, todo, input_size, model_path, batch_size, progress)
+        except OSError as exc:  # a read-only cache serves hits, but the frames it lacks cannot be added
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            raise CacheUnusable(
+                f"cannot write the feature cache ({exc.filename}: {exc.strerror}); point FILTERFORWARD_CACHE at a "
+                "folder you can write in"
+            ) from None
     else:
         log.debug("feature cache hit for %s frames %d:%d", dataset.name, start, stop)
     return {e.request: np.load(e.path / FEATURES_FILE, mmap_mode="r")[start:stop] for e in entries}

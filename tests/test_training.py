@@ -10,7 +10,9 @@ import re
 import resource
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from models.base_export import file_digest
 from models.base_identity import identify
 from models.basednn import BaseDNN
 from models.bundle import check_mc_model, load_bundle
-from models.cache import cache_dir
+from models.cache import CacheUnusable, cache_dir
 from models.coverage import one_place_warning
 from models.crossval import FINAL_THRESHOLD
 from models.datasets.labelled import LabelledDataset, open_dataset
@@ -129,23 +131,45 @@ except FilterForwardError as exc:
 """
 
 
+@contextmanager
+def small_disk(folder: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `folder` (made), unmounted after; the test is skipped where mounting needs root."""
+    folder.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]).returncode
+    ):
+        pytest.skip("mounting a small disk needs root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
 def test_a_feature_cache_on_a_full_disk_is_said_not_a_sigbus(
     tiny: LabelledDataset, base_model: Path, tmp_path: Path
 ) -> None:
     """The sparse array's pages met the full disk only when written, and the kernel killed training with SIGBUS."""
-    disk = tmp_path / "disk"  # 1 MiB; the 48 frames' pixels take 3.5 MB
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]).returncode:
-        pytest.skip("mounting a small disk needs root")
-    try:
+    with small_disk(tmp_path / "disk", "1m") as disk:  # the 48 frames' pixels take 3.5 MB
         environment = {**os.environ, "FILTERFORWARD_CACHE": str(disk)}
         command = [sys.executable, "-c", CACHE_ON_A_FULL_DISK, str(tiny.root), str(base_model)]
         done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120)
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
     assert done.returncode == 0, done.stderr
     assert "no room for the feature cache in " + str(disk / "features") in done.stdout, done.stdout
     assert "free space there or point FILTERFORWARD_CACHE at a disk with room" in done.stdout
+
+
+def test_a_read_only_cache_serves_what_it_holds_and_says_why_it_cannot_add_more(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with small_disk(tmp_path / "disk", "16m") as disk:
+        monkeypatch.setenv("FILTERFORWARD_CACHE", str(disk))
+        request = [FeatureRequest("pixels")]
+        cached_features(tiny, request, TINY_SIZE, (0, 4), base_model, progress=False)
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        assert cached_features(tiny, request, TINY_SIZE, (0, 4), base_model, progress=False)[request[0]].shape[0] == 4
+        with pytest.raises(CacheUnusable, match=r"cannot write the feature cache \(.*: Read-only file system\); point"):
+            cached_features(tiny, request, TINY_SIZE, (0, 8), base_model, progress=False)
 
 
 def test_second_call_is_served_from_the_cache(
