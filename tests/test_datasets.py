@@ -419,6 +419,13 @@ def test_frame_sources_must_be_unambiguous(tmp_path: Path) -> None:
     shutil.rmtree(root / "more")
     with pytest.raises(FilterForwardError, match="holds no frames"):
         open_dataset(root)
+    # What the user sees there is named, not "add a video": a video.mp4 whose link is broken, a folder named as one.
+    (root / "video.mp4").symlink_to("/nonexistent/v.mp4")
+    with pytest.raises(FilterForwardError, match=r"holds no frames: video.mp4 is a link to /nonexistent/v.mp4, which"):
+        open_dataset(root)
+    (root / "dataset.yaml").write_text("fps: 10\nvideo: .\n")
+    with pytest.raises(FilterForwardError, match=r"names video file .*, which is a folder: fix the path"):
+        open_dataset(root)
 
 
 def test_a_video_that_does_not_decode(tmp_path: Path) -> None:

@@ -269,7 +269,9 @@ def _find_source(root: Path, config: DatasetConfig) -> Path:
         kind_ok = source.is_file() if config.video else source.is_dir()
         if not kind_ok:
             kind = "video file" if config.video else "image folder"
-            raise FilterForwardError(f"{root / CONFIG_FILE} names {kind} {source}, which does not exist: fix the path")
+            raise FilterForwardError(
+                f"{root / CONFIG_FILE} names {kind} {source}, which {_why_not(source)}: fix the path"
+            )
         return source
     candidates = [p for p in sorted(root.iterdir()) if is_video(p) or (p.is_dir() and image_files(p))]
     if image_files(root):
@@ -278,9 +280,22 @@ def _find_source(root: Path, config: DatasetConfig) -> Path:
         return candidates[0]
     kinds = f"a video ({', '.join(sorted(VIDEO_SUFFIXES))}) or an image folder ({', '.join(sorted(IMAGE_SUFFIXES))})"
     if not candidates:
+        if broken := [p for p in sorted(root.iterdir()) if p.suffix.lower() in VIDEO_SUFFIXES and not p.exists()]:
+            raise FilterForwardError(f"{root} holds no frames: {broken[0].name} {_why_not(broken[0])}: fix the link")
         raise FilterForwardError(f"{root} holds no frames: add {kinds}, or name it in {CONFIG_FILE}")
     names = ", ".join(p.name for p in candidates)
     raise FilterForwardError(f"{root} holds several frame sources ({names}): name one in {CONFIG_FILE}")
+
+
+def _why_not(path: Path) -> str:
+    """Why `path` is not the file or folder a dataset.yaml names: it is the other kind, a broken link, or missing."""
+    if path.is_dir():
+        return "is a folder"
+    if path.exists():
+        return "is a file"
+    if path.is_symlink():
+        return f"is a link to {path.readlink()}, which does not exist"
+    return "does not exist"
 
 
 class Table(NamedTuple):
