@@ -55,7 +55,9 @@ class DatasetConfig(BaseModel):
     video: str | None = None
     images: str | None = None
     # strict: YAML's `true` is no frame rate (lax parsing made it 1 fps)
-    fps: float | None = Field(None, gt=0, le=1000, strict=True, description="frame rate; required for image folders")
+    fps: float | None = Field(
+        None, gt=0, le=1000, strict=True, allow_inf_nan=False, description="frame rate; required for image folders"
+    )
     events: list[str] | None = Field(None, description="event columns of labels.csv (default: detected)")
     regions: dict[str, Region] = Field(default_factory=dict, description="event name -> its region")
 
