@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from cloud.base_models import mismatches
 from cloud.db import Filter, FilterChange, begin_writing, utcnow
+from common.protocol import check_filter_fits
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError, is_disk_full, validation_summary
 from models.filterspec import MAX_VERSION, FilterSpec
@@ -57,7 +58,8 @@ def parse_spec(text: str) -> FilterSpec:
         raise RegistryError(422, f"invalid filter spec: tap '{spec.tap}' is unknown; use one of {sorted(TAPS)}")
     try:
         check_input_size(spec.input_size)
-    except ValueError as exc:
+        check_filter_fits(spec)
+    except ValueError as exc:  # ProtocolError is one
         raise RegistryError(422, f"invalid filter spec: {exc}") from None
     return spec
 

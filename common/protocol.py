@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from common.fragment import FragmentError, unpack
 from models.errors import validation_summary
-from models.filterspec import ID_PATTERN, NAME_PATTERN, BaseModelId, FilterSpec
+from models.filterspec import ID_PATTERN, MAX_VERSION, NAME_PATTERN, BaseModelId, FilterSpec
 from models.taps import MAX_INPUT_SIDE, MODEL_STRIDE
 
 PROTOCOL = b"ff/1"
@@ -226,6 +226,19 @@ Header = Annotated[
     Field(discriminator="type"),
 ]
 _HEADER = TypeAdapter(Header)
+
+
+def check_filter_fits(spec: FilterSpec) -> None:
+    """Refuses a spec whose filter message would not reach the edges: they drop a header over MAX_HEADER_BYTES
+    (1024 long camera names and 16 long warnings are each valid); counted at the largest version it can reach."""
+    widest = spec.model_copy(update={"version": MAX_VERSION})
+    largest = FilterUpdate(version=2**31 - 1, action="put", name=spec.name, spec=widest)
+    size = len(largest.model_dump_json(exclude_none=False).encode())
+    if size > MAX_HEADER_BYTES:
+        raise ProtocolError(
+            f"it would reach the edges as a {size}-byte message header, over their {MAX_HEADER_BYTES}-byte limit: "
+            "list fewer cameras (or '*') or shorten its warnings"
+        )
 
 
 def encode(header: _Header, payload: bytes = b"") -> list[bytes]:

@@ -324,10 +324,12 @@ class CameraPipeline:
         self.sink.event("end", event, clip)
 
     def _sync_tracks(self, mcs: Iterable[LoadedMC]) -> None:
-        """Start smoothers for new or changed filters; close the events of removed ones."""
+        """Start smoothers for new or changed filters; close the events of removed ones, and of those whose smoothing
+        or upload changed (an event goes up one way: a stream event switched to clips lost its first frames' images)."""
         wanted = {mc.spec.name: mc.spec for mc in mcs}
         for name in list(self._tracks):
-            if name not in wanted or wanted[name].smoothing != self._tracks[name].spec.smoothing:
+            old = self._tracks[name].spec
+            if name not in wanted or (wanted[name].smoothing, wanted[name].encoding) != (old.smoothing, old.encoding):
                 self._close_track(name)
         for name, spec in wanted.items():
             if name in self._tracks:

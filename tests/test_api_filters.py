@@ -328,6 +328,15 @@ REFUSALS = [
         "invalid filter spec: event: event '../../x' is no event name a dataset can have",
     ),
     ("camera listed twice", "post", "/api/filters", spec_json(cameras=["*", "*"]), "late", 422, "'*' is listed twice"),
+    (  # each name valid, but the edges drop a filter message this large: 201, and it never ran anywhere
+        "cameras too many to reach the edges",
+        "post",
+        "/api/filters",
+        spec_json(cameras=[f"c{n:04d}" + "x" * 59 for n in range(1024)]),  # 64 characters each
+        "late",
+        422,
+        "byte message header, over their 65536-byte limit: list fewer cameras (or '*') or shorten its warnings",
+    ),
     (  # the edge reads a base-DNN tap for it: a discrete (pixel) kind on one was a label that did not hold
         "kind whose tap it cannot read",
         "post",

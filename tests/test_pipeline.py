@@ -136,6 +136,32 @@ def test_a_stream_event_that_ends_mid_clip_sends_its_end_after_its_fragments(
     assert sorted(r["index"] for r in records if r["type"] == "frame" and "jpegs" in r["scores"]) == list(range(40))
 
 
+def test_a_filter_whose_upload_changes_mid_event_ends_that_event_and_starts_another(
+    short_clip, base, make_filter, tmp_path
+) -> None:
+    """A stream event switched to JPEG went on as one event whose first frames had no image anywhere."""
+    bank = MCBank(base.taps, SIZE)
+    bank.put(*make_filter("full_frame", "late", SIZE, name="switched", bias=10.0, smoothing=EAGER))
+    sink = FolderSink(tmp_path)
+    with open_source(str(short_clip), pacing="every-frame") as source:
+        pipeline = CameraPipeline("cam", base, bank, sink, source.fps)
+        for frame in source:
+            if frame.index == 20:
+                jpeg = make_filter(
+                    "full_frame", "late", SIZE, "switched", version=2, bias=10.0, smoothing=EAGER, encoding=JPEG
+                )
+                bank.put(*jpeg)  # the same filter, sending JPEGs from now on
+            pipeline.process(frame)
+    pipeline.end_events()
+    sink.close()
+    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    ends = [r for r in records if r["type"] == "event_end"]
+    assert [(r["start_frame"], r["end_frame"]) for r in ends] == [(0, 19), (20, 39)]
+    assert [f for r in records if r["type"] == "fragment" for f in r["frames"]] == list(range(20))
+    jpegs = [r for r in records if r["type"] == "frame" and r["file"] is not None]
+    assert [r["index"] for r in jpegs] == list(range(20, 40)) and all(r["events"] == [ends[1]["id"]] for r in jpegs)
+
+
 def test_stream_upload_scale_downsizes_what_is_sent(short_clip, base, make_filter, tmp_path) -> None:
     bank = MCBank(base.taps, SIZE)
     bank.put(*make_filter("full_frame", "late", SIZE, name="small", bias=10.0, encoding=Encoding(kind="stream")))
