@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import av
@@ -31,12 +32,20 @@ def base() -> BaseDNN:
 
 
 def run_clip(
-    clip: Path, base: BaseDNN, bank: MCBank, out: Path, upload: UploadSettings | None = None
+    clip: Path,
+    base: BaseDNN,
+    bank: MCBank,
+    out: Path,
+    upload: UploadSettings | None = None,
+    change: tuple[int, Callable[[], object]] | None = None,
 ) -> tuple[CameraPipeline, list[dict]]:
+    """The clip through a camera pipeline into a folder sink; `change`: (frame, what to do to the bank before it)."""
     sink = FolderSink(out)
     with open_source(str(clip), pacing="every-frame") as source:
         pipeline = CameraPipeline("cam", base, bank, sink, source.fps, upload)
         for frame in source:
+            if change is not None and frame.index == change[0]:
+                change[1]()
             pipeline.process(frame)
     pipeline.end_events()
     sink.close()
@@ -118,16 +127,8 @@ def test_a_stream_event_that_ends_mid_clip_sends_its_end_after_its_fragments(
     bank = MCBank(base.taps, SIZE)
     bank.put(*make_filter("full_frame", "late", SIZE, name="streamer", bias=10.0))
     bank.put(*make_filter("full_frame", "late", SIZE, name="jpegs", bias=10.0, encoding=JPEG))
-    sink = FolderSink(tmp_path)
-    with open_source(str(short_clip), pacing="every-frame") as source:
-        pipeline = CameraPipeline("cam", base, bank, sink, source.fps)
-        for frame in source:
-            if frame.index == 20:
-                bank.remove("streamer")  # its event ends at frame 19; the camera goes on with the JPEG filter
-            pipeline.process(frame)
-    pipeline.end_events()
-    sink.close()
-    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    # Its event ends at frame 19; the camera goes on with the JPEG filter.
+    _, records = run_clip(short_clip, base, bank, tmp_path, change=(20, lambda: bank.remove("streamer")))
     end = next(i for i, r in enumerate(records) if r["type"] == "event_end" and r["filter"] == "streamer")
     fragments = [i for i, r in enumerate(records) if r["type"] == "fragment"]
     assert records[end]["end_frame"] == 19
@@ -142,19 +143,9 @@ def test_a_filter_whose_upload_changes_mid_event_ends_that_event_and_starts_anot
     """A stream event switched to JPEG went on as one event whose first frames had no image anywhere."""
     bank = MCBank(base.taps, SIZE)
     bank.put(*make_filter("full_frame", "late", SIZE, name="switched", bias=10.0, smoothing=EAGER))
-    sink = FolderSink(tmp_path)
-    with open_source(str(short_clip), pacing="every-frame") as source:
-        pipeline = CameraPipeline("cam", base, bank, sink, source.fps)
-        for frame in source:
-            if frame.index == 20:
-                jpeg = make_filter(
-                    "full_frame", "late", SIZE, "switched", version=2, bias=10.0, smoothing=EAGER, encoding=JPEG
-                )
-                bank.put(*jpeg)  # the same filter, sending JPEGs from now on
-            pipeline.process(frame)
-    pipeline.end_events()
-    sink.close()
-    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    jpeg = make_filter("full_frame", "late", SIZE, "switched", version=2, bias=10.0, smoothing=EAGER, encoding=JPEG)
+    # The same filter, sending JPEGs from frame 20 on.
+    _, records = run_clip(short_clip, base, bank, tmp_path, change=(20, lambda: bank.put(*jpeg)))
     ends = [r for r in records if r["type"] == "event_end"]
     assert [(r["start_frame"], r["end_frame"]) for r in ends] == [(0, 19), (20, 39)]
     assert [f for r in records if r["type"] == "fragment" for f in r["frames"]] == list(range(20))
