@@ -14,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from http import HTTPStatus
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from cloud.registry import Registry, RegistryError
 from cloud.routers import datasets, edges, events, feedback, filters, stats, training
 from cloud.schemas import Health, errors
 from cloud.storage import Storage
+from cloud.training import renew_leases
 from models.errors import FilterForwardError, validation_summary
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,7 @@ def start_services(config: CloudConfig, stack: ExitStack) -> Services:
     counts = {"ingest": lambda: {**ingest.counts, **publisher.counts}, "notify": lambda: notifier.counts}
     metrics_registry.register(ServiceCollector(sessions, config, counts, ingest.last_heard))
     registry = Registry(sessions, config.max_upload_bytes, on_change=filters_changed.set)
+    renew_leases(sessions, timedelta(seconds=config.training.lease))
     return Services(engine, sessions, store, storage, registry, datasets, notifier, ingest, publisher, metrics_registry)
 
 

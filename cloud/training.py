@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
@@ -39,6 +40,24 @@ T = TypeVar("T")
 
 class TrainingError(RegistryError):
     """A refused request; the API answers with `status` and the message (the registry's error handler)."""
+
+
+# Deploys one at a time (the cloud is one process): a deploy reads whether its filter exists, changes it through the
+# registry and marks the job deployed in steps, so two at once answered "already exists" or left the last-deployed mark
+# on another job than the one the filter runs.
+_DEPLOYING = threading.Lock()
+
+
+def renew_leases(sessions: sessionmaker, lease: timedelta) -> int:
+    """At the cloud's start, every running job's lease runs one lease from now: its trainer could not renew it while
+    the cloud was down, and is not to lose a healthy job to another trainer for that. How many were renewed."""
+    now = utcnow()
+    lapsing = and_(TrainingJob.status == "running", TrainingJob.lease_until < now + lease)
+    with sessions.begin() as session:
+        renewed = session.execute(update(TrainingJob).where(lapsing).values(lease_until=now + lease)).rowcount
+    if renewed:
+        log.info("%d running training job(s): their trainers have %s from now to report again", renewed, lease)
+    return renewed
 
 
 class TrainingJobs:
@@ -116,15 +135,16 @@ class TrainingJobs:
                 "says done",
             )
         spec = FilterSpec.model_validate(job.spec)
-        with self._sessions() as session:
-            current = session.get(Filter, spec.name)
-        if current is None:
-            row = self.registry.create(_on_its_camera(spec, job.camera), job.onnx)
-        else:
-            kept = {key: current.spec[key] for key in ("cameras", "encoding") if key in current.spec}
-            row = self.registry.update(spec.name, FilterSpec.model_validate({**job.spec, **kept}), job.onnx)
-        deployed = {"deployed": True, "deployed_at": utcnow()}  # the job the filter runs (a rollback: again)
-        self._write(f"training job {job_id}", partial(_swap, job_id=job_id, guard=(), values=deployed))
+        with _DEPLOYING:
+            with self._sessions() as session:
+                current = session.get(Filter, spec.name)
+            if current is None:
+                row = self.registry.create(_on_its_camera(spec, job.camera), job.onnx)
+            else:
+                kept = {key: current.spec[key] for key in ("cameras", "encoding") if key in current.spec}
+                row = self.registry.update(spec.name, FilterSpec.model_validate({**job.spec, **kept}), job.onnx)
+            deployed = {"deployed": True, "deployed_at": utcnow()}  # the job the filter runs (a rollback: again)
+            self._write(f"training job {job_id}", partial(_swap, job_id=job_id, guard=(), values=deployed))
         log.info("training job %d deployed as filter %s (revision %d)", job_id, row.name, row.revision)
         return row
 

@@ -6,6 +6,7 @@ trainer that dies loses its job to the next one, a stale trainer is refused, and
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from cloud_server import (
 from support import wait_until
 
 from filterforward.cli import main
+from models.bundle import write_bundle
 from models.datasets import LabelledDataset, write_synthetic
 
 TRAINER_TOKEN = "api-test-trainer-token-345678"
@@ -331,6 +333,63 @@ def test_the_job_deployed_last_is_the_one_the_filter_runs(
         answer = client.post("/api/filters/rolled/missed", json=interval)
     # Taken for kept-data (the interval holds no frame); before, refused: the newest deployed job's dataset is gone.
     assert answer.status_code == 409 and "the cloud holds no frame of camera 'c'" in answer.json()["detail"]
+
+
+def test_deploys_at_once_of_a_new_filter_all_succeed_and_the_last_marked_is_what_runs(
+    cloud: CloudServer, make_filter: Any
+) -> None:
+    """Three of four deploys of a new filter at once answered "already exists"; deploys of two jobs at once could
+    leave the last-deployed mark on another job than the one the filter ran, so no revision was current."""
+    jobs = [queue_job(cloud, "at-once") for _ in range(2)]
+    for job, trainer in zip(jobs, ("trainer-d1", "trainer-d2"), strict=True):
+        assert claim(cloud, trainer).json()["id"] == job["id"]
+        assert post_result(cloud, make_filter, job, trainer, report_of(job)).status_code == 200
+
+    def deploy(job_id: int) -> int:
+        with cloud.client() as client:
+            return client.post(f"/api/training-jobs/{job_id}/deploy").status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(deploy, [jobs[0]["id"]] * 4)) == [200] * 4
+        assert list(pool.map(deploy, [job["id"] for job in jobs] * 4)) == [200] * 8
+    with cloud.client() as client:
+        revisions = client.get("/api/filters/at-once/revisions").json()
+    assert sum(revision["current"] for revision in revisions) == 1, revisions
+
+
+def test_a_cloud_restart_gives_running_jobs_a_lease_to_report_again(cloud: CloudServer) -> None:
+    """A cloud down for longer than the lease handed a healthy trainer's job to the next trainer at its start."""
+    job = queue_job(cloud, "through-restart")
+    assert claim(cloud, "trainer-up").json()["id"] == job["id"]
+    cloud.stop()
+    time.sleep(LEASE + 0.5)  # trainer-up could not report meanwhile
+    cloud.start()
+    assert claim(cloud, "trainer-next").status_code == 204
+    progress = {"trainer": "trainer-up", "stage": "training", "fraction": 0.5, "message": ""}
+    with cloud.client(TRAINER_TOKEN) as client:
+        assert client.post(f"/api/training-jobs/{job['id']}/progress", json=progress).status_code == 200
+        failed = {"trainer": "trainer-up", "message": "done with this test"}
+        assert client.post(f"/api/training-jobs/{job['id']}/failed", json=failed).status_code == 200
+
+
+def test_a_trained_result_waits_for_a_cloud_that_restarts_as_it_is_posted(
+    cloud: CloudServer, make_filter: Any, tmp_path: Path
+) -> None:
+    from trainer.client import Cloud
+    from trainer.job import _post_result
+
+    job = queue_job(cloud, "posted-late")
+    assert claim(cloud, "trainer-late").json()["id"] == job["id"]
+    spec, onnx = make_filter("full_frame", "late", (160, 96), name=job["filter"], event=job["event"])
+    bundle = write_bundle(tmp_path / "bundle", spec, onnx)
+    cloud.stop()
+    back = threading.Timer(3.0, cloud.start)
+    back.start()
+    try:
+        _post_result(Cloud(cloud.url, TRAINER_TOKEN), job["id"], "trainer-late", 1, bundle, json.loads(report_of(job)))
+    finally:
+        back.join()
+    assert get_job(cloud, job["id"])["status"] == "done"
 
 
 def test_trainers_claiming_at_once_never_share_a_job(cloud: CloudServer) -> None:

@@ -31,7 +31,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEARTBEAT = 10.0  # seconds between progress reports at most (a third of the lease when that is shorter)
-RESULT_TRIES = 5  # posting the result through a cloud restart: the training is not thrown away lightly
+# Posting the result is retried through a cloud restart or a busy database this long (an upgrade's migrations
+# take minutes): the training is not thrown away lightly. Waits double from 2 s up to RESULT_WAIT_MAX.
+RESULT_PATIENCE = 600.0
+RESULT_WAIT_MAX = 30.0
 # The job's share of the whole, per stage: (start, end) of `fraction`.
 STAGES = {"download": (0.0, 0.05), "features": (0.05, 0.25), "training": (0.25, 0.9), "exporting": (0.9, 1.0)}
 
@@ -110,23 +113,29 @@ def _feature_cache(folder: Path) -> Iterator[None]:
 
 
 def _post_result(cloud: Cloud, job_id: int, name: str, attempt: int, bundle: Path, report: dict[str, Any]) -> None:
-    """The bundle and report; retried while the cloud cannot be reached (a restart), never after a refusal."""
+    """The bundle and report; retried while the cloud cannot be reached or answers 5xx (a restart, a busy database:
+    "retry"), for up to RESULT_PATIENCE seconds; never after a refusal."""
     fields = {"trainer": name, "attempt": str(attempt), "spec": (bundle / "spec.json").read_text()}
     fields["report"] = json.dumps(report)
     files = {"model": ("model.onnx", (bundle / "model.onnx").read_bytes())}
-    for attempt_number in range(1, RESULT_TRIES + 1):
+    deadline, wait = time.monotonic() + RESULT_PATIENCE, 2.0
+    while True:
         try:
             cloud.call("POST", f"/api/training-jobs/{job_id}/result", form=fields, files=files)
             return
-        except CloudUnreachable as exc:
-            if attempt_number == RESULT_TRIES:
-                raise
-            log.warning("%s; posting the result again in %d s", exc, 2**attempt_number)
-            time.sleep(2**attempt_number)
         except CloudError as exc:
             if exc.status == 409:
                 raise JobLost(str(exc)) from None
-            raise
+            if exc.status < 500:
+                raise
+            error: FilterForwardError = exc
+        except CloudUnreachable as exc:
+            error = exc
+        if time.monotonic() + wait > deadline:
+            raise error
+        log.warning("%s; posting the result again in %g s", error, wait)
+        time.sleep(wait)
+        wait = min(2 * wait, RESULT_WAIT_MAX)
 
 
 def _post_failed(cloud: Cloud, job_id: int, name: str, attempt: int, reason: str) -> None:
