@@ -215,6 +215,7 @@ class Reporter:
             if exc.status in (404, 409):  # deleted, or given to another trainer: nothing to renew any more
                 self._lost = str(exc)
                 self._stop.set()
+                log.warning("training job %d: %s; stopping once this stage ends", self._job_id, exc)
             else:
                 log.warning("progress report refused: %s", exc)
         except CloudUnreachable as exc:
