@@ -427,10 +427,6 @@ def test_bad_jobs_are_refused_in_one_line(cloud: CloudServer) -> None:
         assert client.post("/api/training-jobs/claim", json={"trainer": "operator"}).status_code == 403
         assert client.get("/api/training-jobs/999").status_code == 404
         assert client.post("/api/training-jobs/999/deploy").status_code == 404
-        for bad, detail in [("abc", "valid integer"), ("0", "greater than or equal to 1")]:  # not "no such path"
-            answer = client.get(f"/api/training-jobs/{bad}")
-            assert answer.status_code == 422 and "path.job_id: Input should be" in answer.json()["detail"], answer.text
-            assert detail in answer.json()["detail"], answer.text
         assert all(job["filter"] != "refused" for job in client.get("/api/training-jobs").json())
     with cloud.client(TRAINER_TOKEN) as client:
         job = {"dataset": DATASET, "event": EVENT, "filter": "x"}

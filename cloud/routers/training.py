@@ -91,7 +91,7 @@ def list_jobs(
     return [job_out(job, size) for job, size in jobs.jobs(status, dataset)]
 
 
-@router.get("/{job_id}", dependencies=[Reader])
+@router.get("/{job_id:int}", dependencies=[Reader])
 def get_job(job_id: JobId, jobs: JobsDep) -> TrainingJobOut:
     return job_out(jobs.get(job_id))
 
@@ -115,7 +115,7 @@ def claim_job(claim: ClaimIn, jobs: JobsDep) -> Any:
     )
 
 
-@router.post("/{job_id}/progress", dependencies=[Trainer])
+@router.post("/{job_id:int}/progress", dependencies=[Trainer])
 def report_progress(job_id: JobId, progress: ProgressIn, jobs: JobsDep) -> TrainingJobOut:
     """Record the trainer's progress and renew its lease; 409 for a trainer that no longer holds the job."""
     return job_out(
@@ -123,7 +123,7 @@ def report_progress(job_id: JobId, progress: ProgressIn, jobs: JobsDep) -> Train
     )
 
 
-@router.post("/{job_id}/result", dependencies=[Trainer, EachPartOnce])
+@router.post("/{job_id:int}/result", dependencies=[Trainer, EachPartOnce])
 def report_result(
     job_id: JobId,
     trainer: Annotated[str, Form(pattern=TRAINER_NAME)],
@@ -138,12 +138,12 @@ def report_result(
     return job_out(jobs.result(job_id, trainer, spec, onnx, report, attempt or None))
 
 
-@router.post("/{job_id}/failed", dependencies=[Trainer])
+@router.post("/{job_id:int}/failed", dependencies=[Trainer])
 def report_failed(job_id: JobId, failed: FailedIn, jobs: JobsDep) -> TrainingJobOut:
     return job_out(jobs.failed(job_id, failed.trainer, failed.message, failed.attempt))
 
 
-@router.post("/{job_id}/deploy", dependencies=[Writer])
+@router.post("/{job_id:int}/deploy", dependencies=[Writer])
 def deploy_job(job_id: JobId, jobs: JobsDep) -> FilterOut:
     """The job's bundle through the filter registry to the edges (a new revision when the filter exists); 409 for
     a job that is not done."""
