@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 from models.errors import FilterForwardError
@@ -37,7 +37,7 @@ def written_whole(target: Path) -> Iterator[Path]:
     sees the old file or the new one), removed when the block raises. The name is this process's and thread's own, so
     two that write the same target at once (an edge and a trainer exporting the base model at first start) never
     write into one file."""
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    temporary = _temporary(target)
     try:
         yield temporary
         temporary.replace(target)
@@ -50,11 +50,22 @@ def write_whole(folder: Path, files: Mapping[str, bytes]) -> None:
     failure (a full disk) leaves the old files as they were, not a new model beside an old spec or half a labels
     file. The error names the file it failed on."""
     folder.mkdir(parents=True, exist_ok=True)
-    with ExitStack() as renames:  # closing it renames each written file over its target; an error removes them
+    temporaries: dict[Path, Path] = {}
+    target = folder
+    try:
         for name, data in files.items():
             target = folder / name
-            temporary = renames.enter_context(written_whole(target))
-            try:
-                temporary.write_bytes(data)
-            except OSError as exc:  # a write's error names no file
-                raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
+            temporaries[target] = _temporary(target)
+            temporaries[target].write_bytes(data)
+        for target, temporary in temporaries.items():
+            temporary.replace(target)
+    except OSError as exc:  # a write's error names no file, a rename's the temporary one
+        raise OSError(exc.errno, exc.strerror or str(exc), str(target)) from exc
+    finally:
+        for temporary in temporaries.values():
+            temporary.unlink(missing_ok=True)
+
+
+def _temporary(target: Path) -> Path:
+    """This process's and thread's own temporary file beside `target`."""
+    return target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
