@@ -70,6 +70,14 @@ class Site:
     def spool(self) -> Spool:
         return Spool(self.root / "spool", 2**30)
 
+    def spooled(self) -> int:
+        """Messages the edge left in its spool, not acknowledged by the cloud."""
+        spool = self.spool()
+        try:
+            return spool.messages
+        finally:
+            spool.close()
+
 
 def stored_rows(cloud: CloudServer, table: type[StoredFrame] | type[Fragment]) -> list:
     """Every row of the cloud's frames or fragments table, in seq order."""
