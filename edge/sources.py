@@ -647,12 +647,11 @@ class VideoSource:
     def _measured(self, reported: float | None, measured: float) -> None:
         """Settles a live source's rate (settled_fps) and says so."""
         fps = settled_fps(reported, measured)
-        measured = float(f"{measured:.3g}")
         with self._lock:
             self._probe, self._fps_unmeasured = None, False
             self._fps = fps
         if reported is None:
-            log.info("%s: measured %.2f fps (the camera reports none)", self.name, measured)
+            log.info("%s: measured %.2f fps (the camera reports none)", self.name, fps)
         elif fps == reported:
             log.debug("%s: measured %.2f fps, as the camera reports", self.name, measured)
         else:
@@ -661,7 +660,7 @@ class VideoSource:
                 "camera's config to override it)",
                 self.name,
                 reported,
-                measured,
+                fps,
             )
 
     def _went_offline(self, error: str) -> None:
