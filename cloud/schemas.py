@@ -224,6 +224,12 @@ class TrainingReport(BaseModel):
         "threshold first): the frames to label next",
     )
     seconds: float = Field(ge=0.0, description="the trainer's time on the job")
+    labels_digest: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{32}$",
+        description="models.datasets.labels_digest of the labels and region it learned from (null: not given); the "
+        "cloud compares it with the dataset's to say when a job's model lacks later label changes",
+    )
 
 
 class TrainingJobOut(BaseModel):
@@ -242,6 +248,11 @@ class TrainingJobOut(BaseModel):
     spec: FilterSpec | None = Field(description="done: the trained filter's spec")
     model_bytes: int
     deployed: bool
+    labels_changed: bool | None = Field(
+        description="done: whether the dataset's labels or region for the event changed after the trainer read them "
+        "(its model lacks those changes: queue the job again to use them); null when not known (not done, its dataset "
+        "deleted, or a trainer that did not say what it learned from)"
+    )
     created_at: UtcDatetime
     started_at: UtcDatetime | None
     finished_at: UtcDatetime | None

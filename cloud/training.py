@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
@@ -29,8 +29,10 @@ from cloud.db import Dataset, DatasetFrame, Edge, Filter, Label, TrainingJob, ut
 from cloud.registry import TAPS, Registry, RegistryError, parse_spec, too_big
 from cloud.schemas import TrainingReport
 from models.bundle import check_mc_model
+from models.datasets.labelled import labels_digest
 from models.errors import FilterForwardError, is_disk_full, validation_summary
 from models.filterspec import NAME_PATTERN, FilterSpec
+from models.roi import FULL_FRAME, ROI
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,18 @@ class TrainingJobs:
             rows = session.execute(query.order_by(TrainingJob.created_at.desc(), TrainingJob.id.desc())).all()
             return [(job, int(size)) for job, size in rows]
 
+    def labels_changed(self, jobs: Iterable[TrainingJob]) -> dict[int, bool]:
+        """Per done job whose trainer said what it learned from (the report's labels_digest): whether its dataset's
+        labels or region for the event changed since, so that its model lacks them. Jobs whose dataset was deleted,
+        and those of older trainers, are left out."""
+        trained = {job.id: job for job in jobs if job.dataset is not None and (job.result or {}).get("labels_digest")}
+        if not trained:
+            return {}
+        pairs = {(job.dataset, job.event) for job in trained.values()}
+        with self._sessions() as session:
+            current = {pair: _labels_digest(session, *pair) for pair in pairs}
+        return {i: job.result["labels_digest"] != current[(job.dataset, job.event)] for i, job in trained.items()}
+
     def get(self, job_id: int) -> TrainingJob:
         self._fail_abandoned()
         with self._sessions() as session:
@@ -128,6 +142,12 @@ class TrainingJobs:
         """The job's bundle through the registry: created, or a new revision of the filter (keeping the cameras and
         encoding the operator set on it). Deploying a job again puts its model back (a rollback)."""
         job = self.get(job_id)
+        if job.status == "failed":
+            raise TrainingError(
+                409,
+                f"training job {job_id} failed ({job.error}), so it has no filter to deploy: fix what it says, queue "
+                "the job again (POST /api/training-jobs) and deploy that one once it is done",
+            )
         if job.status != "done" or job.spec is None or job.onnx is None:
             raise TrainingError(
                 409,
@@ -414,6 +434,16 @@ def _label_counts(session: Session, dataset: str, event: str) -> tuple[int, int]
         ).all()
     )
     return counts.get(1, 0), counts.get(0, 0)
+
+
+def _labels_digest(session: Session, dataset: str, event: str) -> str:
+    """models.datasets.labels_digest of the event's labels and region as the dataset's archive gives them now."""
+    labels = session.execute(
+        select(Label.frame_index, Label.value).where(Label.dataset == dataset, Label.event == event)
+    ).all()
+    points = (session.scalar(select(Dataset.regions).where(Dataset.name == dataset)) or {}).get(event)
+    roi = ROI(polygon=points) if points else FULL_FRAME
+    return labels_digest((f for f, v in labels if v == 1), (f for f, v in labels if v == 0), roi)
 
 
 def _parse_report(text: str) -> dict[str, Any]:

@@ -28,8 +28,10 @@ from cloud_server import (
 from support import wait_until
 
 from filterforward.cli import main
+from filterforward.commands.trainer import idle_wait
 from models.bundle import write_bundle
-from models.datasets import LabelledDataset, write_synthetic
+from models.datasets import LabelledDataset, open_dataset, write_synthetic
+from trainer.job import extract_safely
 
 TRAINER_TOKEN = "api-test-trainer-token-345678"
 DATASET = "synthetic"
@@ -119,6 +121,7 @@ def test_a_trainer_trains_a_queued_job_and_its_bundle_is_deployed(
 ) -> None:
     job = queue_job(cloud, "anything-here")
     assert (job["status"], job["attempts"], job["progress"], job["result"]) == ("queued", 0, None, None)
+    assert job["labels_changed"] is None  # known once a trainer says what it learned from
     assert job["options"]["steps"] == 30 and job["options"]["arch"] is None
 
     process = start_trainer(cloud, TRAINER_TOKEN, base_model, tmp_path, "trainer-a")
@@ -138,6 +141,7 @@ def test_a_trainer_trains_a_queued_job_and_its_bundle_is_deployed(
     assert report["frames"] == labelled_span(clip)  # every labelled frame, not the first half
     assert report["positives"] + report["negatives"] == sum(value != -1 for value in clip.labels[EVENT])
     assert report["validation"] == spec["validation"] and report["validation"] is not None
+    assert done["labels_changed"] is False  # the trainer's digest of the archive it read is the cloud's of its rows
     estimate = report["validation"]
     assert estimate["f1_min"] <= estimate["event_f1"] <= estimate["f1_max"]
     assert {(c["architecture"], c["tap"]) for c in report["candidates"]} == {
@@ -309,6 +313,45 @@ def test_deleting_a_dataset_keeps_its_deployed_jobs_and_fails_waiting_ones(
         assert client.get("/api/training-jobs", params={"dataset": "doomed"}).json() == []
 
 
+def test_a_done_job_says_when_the_labels_it_learned_from_changed(
+    cloud: CloudServer, clip: LabelledDataset, make_filter: Any, tmp_path: Path
+) -> None:
+    """Labelling on while a job trains (the studio's usual flow) left a done job that looked current; now the job
+    says that its model lacks the changes, until they are undone. The digest a trainer reports is the one of the
+    archive it downloads (a region included), which the cloud's, from its rows, must match."""
+    upload_and_label(cloud, clip, "relabelled")
+    triangle = [[0.1, 0.2], [0.9, 0.2], [0.5, 0.8]]
+    with cloud.client() as client:
+        assert client.put(f"/api/datasets/relabelled/regions/{EVENT}", json={"polygon": triangle}).status_code == 200
+        archive = tmp_path / "relabelled.tar"
+        archive.write_bytes(client.get("/api/datasets/relabelled/archive.tar").content)
+    extract_safely(archive, tmp_path / "dataset")
+    job = queue_job(cloud, "relabelled-made", dataset="relabelled")
+    assert claim(cloud, "trainer-l").json()["id"] == job["id"]
+    digest = open_dataset(tmp_path / "dataset").labels_digest(EVENT)
+    assert post_result(cloud, make_filter, job, "trainer-l", report_of(job, labels_digest=digest)).status_code == 200
+
+    def changed() -> bool | None:
+        with cloud.client(READ_ONLY) as client:
+            listed = {j["id"]: j for j in client.get("/api/training-jobs", params={"dataset": "relabelled"}).json()}
+        assert listed[job["id"]]["labels_changed"] == get_job(cloud, job["id"])["labels_changed"]
+        return listed[job["id"]]["labels_changed"]
+
+    assert changed() is False
+    value = int(clip.labels[EVENT][5])
+    with cloud.client() as client:
+        for labels, region, expected in (
+            ([{"frame": 5, "value": 1 - value}], triangle, True),  # a label flipped
+            ([{"frame": 5, "value": value}], triangle, False),  # and back
+            ([{"frame": 5, "value": -1}], triangle, True),  # made uncertain: no longer trained on
+            ([{"frame": 5, "value": value}], [[0.1, 0.2], [0.9, 0.2], [0.5, 0.9]], True),  # the region redrawn
+        ):
+            body = {"event": EVENT, "labels": labels}
+            assert client.put("/api/datasets/relabelled/labels", json=body).status_code == 200
+            assert client.put(f"/api/datasets/relabelled/regions/{EVENT}", json={"polygon": region}).status_code == 200
+            assert changed() is expected, (labels, region)
+
+
 def test_the_job_deployed_last_is_the_one_the_filter_runs(
     cloud: CloudServer, clip: LabelledDataset, make_filter: Any
 ) -> None:
@@ -405,6 +448,12 @@ def test_trainers_claiming_at_once_never_share_a_job(cloud: CloudServer) -> None
             failed = {"trainer": job["trainer"], "message": "a race test\nsecond line", "attempt": 1}
             assert client.post(f"/api/training-jobs/{job['id']}/failed", json=failed).status_code == 200
         assert get_job(cloud, job["id"])["error"] == "a race test"
+    with cloud.client() as client:  # said "deploy it once it says done", which a failed job never will
+        refused = client.post(f"/api/training-jobs/{claimed[0]['id']}/deploy")
+    assert refused.status_code == 409 and refused.json()["detail"] == (
+        f"training job {claimed[0]['id']} failed (a race test), so it has no filter to deploy: fix what it says, "
+        "queue the job again (POST /api/training-jobs) and deploy that one once it is done"
+    )
 
 
 def test_bad_jobs_are_refused_in_one_line(cloud: CloudServer) -> None:
@@ -454,6 +503,12 @@ def test_a_job_trains_on_two_processes_with_a_compressed_optimizer(
     assert done["status"] == "done", done["error"]
     assert (done["spec"]["architecture"], done["result"]["steps"]) == ("full_frame", 30)
     assert "training on 2 processes" in messages, messages
+
+
+def test_a_trainer_asks_an_unanswering_cloud_less_and_less_often() -> None:
+    """A mistyped --cloud was asked (and logged) every 5 s poll for ever."""
+    assert [idle_wait(5.0, failures) for failures in (0, 1, 2, 3, 4, 100)] == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0]
+    assert idle_wait(120.0, 3) == 120.0  # never more often than the poll asks for
 
 
 def test_an_option_spelled_short_is_refused_not_taken_for_a_longer_one(capsys: pytest.CaptureFixture[str]) -> None:

@@ -134,12 +134,29 @@ def test_a_job_read_error_is_cleared_once_the_job_is_read_again(page: Page, clou
     expect_cleared(message)
 
 
+def test_a_failed_job_says_where_it_failed_not_what_it_was_doing(page: Page, cloud: CloudServer, clip: Path) -> None:
+    """A failed job showed its trainer's last report as if it went on: "training 40%" and "cross-validating"."""
+    upload(cloud, clip, "broken")
+    progress = {"stage": "training", "fraction": 0.4, "message": "cross-validating"}
+    failed = job(9401, "broken", status="failed", progress=progress, error="the trainer ran out of memory")
+    answer_jobs(page, "broken", [failed])
+    page.route(re.compile(r"/api/training-jobs/9401$"), lambda route: route.fulfill(json=failed))
+    page.reload()
+    open_studio(page, "broken", "person")
+    expect(page.get_by_test_id("job-status")).to_have_text("failed")
+    expect(page.get_by_test_id("job-stage")).to_have_text("failed in training 40%")
+    expect(page.get_by_test_id("job-error")).to_have_text("the trainer ran out of memory")
+    expect(page.get_by_text("cross-validating")).to_have_count(0)
+
+
 def test_a_failed_rollback_is_cleared_once_the_revisions_are_read_again(
     page: Page, cloud: CloudServer, clip: Path
 ) -> None:
     """ "Not rolled back: ..." stayed under the revisions after a deployment had read them again."""
     upload(cloud, clip, "revised")
-    answer_jobs(page, "revised", [job(9102, "revised", deployed=True)])
+    deployed = job(9102, "revised", deployed=True)
+    answer_jobs(page, "revised", [deployed])
+    page.route(re.compile(r"/api/training-jobs/9102$"), lambda route: route.fulfill(json=deployed))  # read at Deploy
     revision = {
         "dataset": "revised",
         "event": "person",
@@ -191,6 +208,38 @@ def test_the_example_rows_say_how_many_of_the_counted_frames_they_show(
     expect(hits.get_by_test_id("examples-shown")).to_have_text("2 of 45 shown, one frame per run of consecutive frames")
     for kind in ("false_alarms", "misses"):  # every frame counted is shown (none, or the one)
         expect(page.get_by_test_id(f"examples-{kind}").get_by_test_id("examples-shown")).to_have_count(0)
+
+
+def test_a_job_whose_labels_changed_says_so_and_asks_before_it_is_deployed(
+    page: Page, cloud: CloudServer, clip: Path
+) -> None:
+    """Labelling on while a job trained left a done job that looked current, and Deploy put a model without the new
+    labels on the edges unasked. The job's labels_changed is read again at Deploy: it may turn true after it was
+    shown."""
+    upload(cloud, clip, "relabelled")
+    shown, now = job(9301, "relabelled", labels_changed=False), job(9301, "relabelled", labels_changed=True)
+    answer_jobs(page, "relabelled", [shown])
+    page.route(re.compile(r"/api/training-jobs/9301$"), lambda route: route.fulfill(json=now))
+    page.reload()
+    open_studio(page, "relabelled", "person")
+    expect(page.get_by_test_id("job-status")).to_have_text("done")
+    expect(page.get_by_test_id("job-labels-changed")).to_have_count(0)  # as the list said when the panel opened
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.get_by_test_id("job-deploy").click()
+    expect(page.get_by_test_id("deploy-message")).to_have_text("Not deployed. Train a new revision to use them.")
+    assert asked == [
+        "The event's labels or region changed after this job read them: its model lacks those changes. "
+        "Deploy it anyway?"
+    ]
+
+    answer_jobs(page, "relabelled", [now])  # opened again: the job as it is now
+    page.reload()
+    open_studio(page, "relabelled", "person")
+    expect(page.get_by_test_id("job-labels-changed")).to_have_text(
+        "The event's labels or region changed after this job read them: its model lacks those changes. "
+        "Train a new revision to use them."
+    )
 
 
 def test_a_reload_or_a_link_opens_the_dataset_and_event_again(page: Page, cloud: CloudServer, clip: Path) -> None:

@@ -279,6 +279,7 @@ def train_job(
     arch, nproc = options.get("arch", AUTO), int(options.get("nproc", 1))
     trained = _train(dataset, config, arch, nproc, out, reporter, base_model)
     report = make_report(trained, examples_of(trained, base_model), uncertain_frames(trained, dataset, base_model))
+    report["labels_digest"] = dataset.labels_digest(job["event"])  # the cloud says when the labels change after this
     return trained.result.bundle / "spec.json", report
 
 

@@ -78,7 +78,7 @@ class FailedIn(BaseModel):
 def create_job(job: TrainingJobIn, jobs: JobsDep) -> TrainingJobOut:
     """Queue a job; 422 when the event has no positive or no negative labels."""
     options = job.options.model_dump(mode="json", exclude_none=True)
-    return job_out(jobs.create(job.dataset, job.event, job.filter, options))
+    return job_out(jobs.create(job.dataset, job.event, job.filter, options), jobs)
 
 
 @router.get("", dependencies=[Reader])
@@ -88,12 +88,14 @@ def list_jobs(
     dataset: str | None = None,
 ) -> list[TrainingJobOut]:
     """Newest first; optionally only those with one status or of one dataset."""
-    return [job_out(job, size) for job, size in jobs.jobs(status, dataset)]
+    rows = jobs.jobs(status, dataset)
+    changed = jobs.labels_changed(job for job, _ in rows)
+    return [job_out(job, jobs, size, changed) for job, size in rows]
 
 
 @router.get("/{job_id:int}", dependencies=[Reader])
 def get_job(job_id: JobId, jobs: JobsDep) -> TrainingJobOut:
-    return job_out(jobs.get(job_id))
+    return job_out(jobs.get(job_id), jobs)
 
 
 @router.post(
@@ -107,7 +109,7 @@ def claim_job(claim: ClaimIn, jobs: JobsDep) -> Any:
     job = jobs.claim(claim.trainer)
     if job is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    out = job_out(job)
+    out = job_out(job, jobs)
     return ClaimOut(
         **out.model_dump(),
         archive_url=f"/api/datasets/{job.dataset}/archive.tar",
@@ -119,7 +121,8 @@ def claim_job(claim: ClaimIn, jobs: JobsDep) -> Any:
 def report_progress(job_id: JobId, progress: ProgressIn, jobs: JobsDep) -> TrainingJobOut:
     """Record the trainer's progress and renew its lease; 409 for a trainer that no longer holds the job."""
     return job_out(
-        jobs.progress(job_id, progress.trainer, progress.stage, progress.fraction, progress.message, progress.attempt)
+        jobs.progress(job_id, progress.trainer, progress.stage, progress.fraction, progress.message, progress.attempt),
+        jobs,
     )
 
 
@@ -135,12 +138,12 @@ def report_result(
 ) -> TrainingJobOut:
     """The trained bundle (checked as the registry checks uploads) and its report: the job is done."""
     onnx = read_model(model, jobs.registry)
-    return job_out(jobs.result(job_id, trainer, spec, onnx, report, attempt or None))
+    return job_out(jobs.result(job_id, trainer, spec, onnx, report, attempt or None), jobs)
 
 
 @router.post("/{job_id:int}/failed", dependencies=[Trainer])
 def report_failed(job_id: JobId, failed: FailedIn, jobs: JobsDep) -> TrainingJobOut:
-    return job_out(jobs.failed(job_id, failed.trainer, failed.message, failed.attempt))
+    return job_out(jobs.failed(job_id, failed.trainer, failed.message, failed.attempt), jobs)
 
 
 @router.post("/{job_id:int}/deploy", dependencies=[Writer])
@@ -150,8 +153,11 @@ def deploy_job(job_id: JobId, jobs: JobsDep) -> FilterOut:
     return filter_out(jobs.deploy(job_id))
 
 
-def job_out(job: TrainingJob, model_bytes: int | None = None) -> TrainingJobOut:
-    """`model_bytes`: given when the model was not loaded (lists)."""
+def job_out(
+    job: TrainingJob, jobs: TrainingJobs, model_bytes: int | None = None, changed: dict[int, bool] | None = None
+) -> TrainingJobOut:
+    """`model_bytes`: given when the model was not loaded (lists); `changed`: jobs.labels_changed of a list's jobs."""
+    changed = jobs.labels_changed([job]) if changed is None else changed
     return TrainingJobOut(
         id=job.id,
         dataset=job.dataset,
@@ -168,6 +174,7 @@ def job_out(job: TrainingJob, model_bytes: int | None = None) -> TrainingJobOut:
         spec=job.spec,
         model_bytes=len(job.onnx or b"") if model_bytes is None else model_bytes,
         deployed=job.deployed,
+        labels_changed=changed.get(job.id),
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,

@@ -1047,7 +1047,13 @@ async function pollTrainingJob() {
 function trainingView(job) {
   const progress = job.progress || {};
   const fraction = job.status === "done" ? 1 : Number(progress.fraction) || 0;
-  const stage = job.status === "queued" && !progress.stage ? "waiting for a trainer" : progress.stage || job.status;
+  const failed = job.status === "failed";
+  // A failed job's progress is where its trainer last was: said as such, its message (of work going on) left out.
+  const stage = failed
+    ? `failed${progress.stage ? ` in ${progress.stage}` : ""}`
+    : job.status === "queued" && !progress.stage
+      ? "waiting for a trainer"
+      : progress.stage || job.status;
   const parts = [
     el(
       "h3",
@@ -1062,8 +1068,8 @@ function trainingView(job) {
       el("span", { "data-testid": "job-stage" }, `${stage} ${Math.round(fraction * 100)}%`),
     ),
   ];
-  if (progress.message) parts.push(el("p", { class: "muted" }, progress.message));
-  if (job.status === "failed") {
+  if (progress.message && !failed) parts.push(el("p", { class: "muted" }, progress.message));
+  if (failed) {
     parts.push(el("p", { class: "message error", "data-testid": "job-error" }, job.error || "failed"));
   }
   if (job.status === "done") parts.push(...resultView(job));
@@ -1071,6 +1077,8 @@ function trainingView(job) {
 }
 
 const f1 = (value) => (typeof value === "number" ? value.toFixed(2) : "–");
+const LABELS_CHANGED = "The event's labels or region changed after this job read them: its model lacks those changes.";
+const RETRAIN = "Train a new revision to use them.";
 const jobValidation = (job) => (job.result && job.result.validation) || (job.spec && job.spec.validation) || null;
 
 /** The trainer's report: the estimate with its spread (beside the previous revision's), the warnings, the example
@@ -1093,6 +1101,9 @@ function resultView(job) {
   return [
     el("p", { class: "estimate", "data-testid": "job-estimate" }, estimate),
     details.length ? el("p", { class: "muted" }, details.join(" · ")) : null,
+    job.labels_changed
+      ? el("p", { class: "message error", "data-testid": "job-labels-changed" }, `${LABELS_CHANGED} ${RETRAIN}`)
+      : null,
     warnings.length
       ? el("ul", { class: "warnings", "data-testid": "job-warnings" }, ...warnings.map((w) => el("li", {}, `⚠ ${w}`)))
       : null,
@@ -1303,6 +1314,11 @@ async function deployWarning(job) {
   return "";
 }
 
+/** Whether the labels `job` learned from changed since (read again: they may have changed after it was shown). */
+async function labelsChanged(job) {
+  return (await api(`/api/training-jobs/${job.id}`)).labels_changed === true;
+}
+
 async function deployJob(job, button, message) {
   button.disabled = true;
   message.className = "message";
@@ -1311,6 +1327,10 @@ async function deployJob(job, button, message) {
     const warning = await deployWarning(job);
     if (warning && !confirm(warning)) {
       message.textContent = `Not deployed: filter ${job.filter} keeps the model it runs.`;
+      return;
+    }
+    if ((await labelsChanged(job)) && !confirm(`${LABELS_CHANGED} Deploy it anyway?`)) {
+      message.textContent = `Not deployed. ${RETRAIN}`;
       return;
     }
     const answer = await api(`/api/training-jobs/${job.id}/deploy`, { method: "POST" });

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TOKEN_ENV = "FF_TRAINER_TOKEN"
 HEALTH_SILENCE = 60.0  # seconds without an answer from the cloud after which --health-port reports unhealthy
+# Longest wait between claims the cloud did not answer: a job queued once it is back waits at most this long.
+UNANSWERED_WAIT_MAX = 60.0
 TRAINER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:-]{0,63}")  # as the cloud's API takes it
 NOT_IN_NAME = re.compile(r"[^A-Za-z0-9_.@:-]+")
 
@@ -97,13 +99,15 @@ def serve(args: argparse.Namespace) -> int:
     log.info("trainer %s taking jobs from %s (work folder %s)", name, cloud.url, work)
     if args.health_port is not None:
         HealthServer("0.0.0.0", args.health_port, partial(cloud.silence, max(HEALTH_SILENCE, 3 * args.poll)))
+    failures = 0  # claims in a row the cloud did not answer
     while True:
-        job = _claim(cloud, name, args.once)
+        job, answered = _claim(cloud, name, args.once)
         if job is None:
             if args.once:
                 log.info("no training job waits")
                 return 0
-            time.sleep(args.poll)
+            failures = 0 if answered else failures + 1
+            time.sleep(idle_wait(args.poll, failures))
             continue
         done = run_job(cloud, job, name, work, args.base_model, args.threads)
         if args.once:
@@ -129,13 +133,21 @@ def default_trainer_name() -> str:
     )
 
 
-def _claim(cloud: Cloud, name: str, once: bool) -> dict[str, Any] | None:
-    """The next job, or None when none waits. A cloud that cannot answer now (down, restarting) is logged and asked
-    again later, except by a trainer taking one job only; a refusal (a token without the train scope) ends it."""
+def idle_wait(poll: float, failures: int) -> float:
+    """Seconds to wait before the next claim: the poll interval, doubled for each claim in a row the cloud did not
+    answer up to UNANSWERED_WAIT_MAX (a mistyped --cloud, a cloud down for the night: a line a minute, not every
+    poll), never below the poll interval."""
+    return max(poll, min(poll * 2.0 ** min(failures, 32), UNANSWERED_WAIT_MAX))
+
+
+def _claim(cloud: Cloud, name: str, once: bool) -> tuple[dict[str, Any] | None, bool]:
+    """(the next job, or None when none waits; whether the cloud answered). A cloud that cannot answer now (down,
+    restarting) is logged and asked again later, except by a trainer taking one job only; a refusal (a token without
+    the train scope) ends it."""
     try:
-        return cloud.call("POST", "/api/training-jobs/claim", {"trainer": name})
+        return cloud.call("POST", "/api/training-jobs/claim", {"trainer": name}), True
     except (CloudUnreachable, CloudError) as exc:
         if once or (isinstance(exc, CloudError) and exc.status < 500):
             raise
         log.warning("%s; asking again later", exc)
-        return None
+        return None, False

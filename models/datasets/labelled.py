@@ -10,10 +10,12 @@ so frames sampled apart or joined from several times are known not to follow eac
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -160,11 +162,24 @@ class LabelledDataset:
             return region.roi()
         return region or FULL_FRAME
 
+    def labels_digest(self, event: str) -> str:
+        """labels_digest of the event's labels and region as training reads them."""
+        labels = self.labels[event]
+        return labels_digest(np.flatnonzero(labels == 1), np.flatnonzero(labels == 0), self.roi(event))
+
     def intervals(self, event: str) -> list[tuple[int, int]]:
         """Separate occurrences of an event as (first, last) frame, inclusive; uncertain frames are skipped."""
         values = self.labels[event]
         certain = np.flatnonzero(values != UNCERTAIN)
         return [(int(certain[s]), int(certain[e])) for s, e in runs(values[certain] == 1)]
+
+
+def labels_digest(positive: Iterable[int], negative: Iterable[int], roi: ROI) -> str:
+    """A fingerprint of what training learns an event from: its positive and negative frames and its region. The
+    cloud compares a trained job's with the dataset's current one (labels.csv cannot tell unlabelled frames from
+    uncertain ones, and neither is trained on, so neither counts)."""
+    what = {"positive": sorted(map(int, positive)), "negative": sorted(map(int, negative)), "roi": roi.model_dump()}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def check_event_name(name: str) -> str:
