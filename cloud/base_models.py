@@ -62,6 +62,14 @@ def size_mismatches(session: Session, specs: Iterable[FilterSpec], edge: str | N
     ]
 
 
+def refusals(session: Session, specs: Iterable[FilterSpec], edge: str | None = None) -> list[tuple[str, str]]:
+    """Each (filter among `specs`, edge it targets) whose MC bank refuses it, sorted: trained on another base model
+    or at another input size than the edge runs; only `edge` when given."""
+    specs = list(specs)
+    found = {(m.filter, m.edge) for m in mismatches(session, specs, edge)} | set(size_mismatches(session, specs, edge))
+    return sorted(found)
+
+
 def _reported(session: Session, column: Any, edge: str | None) -> tuple[dict[str, Any], dict[str, set[str]]]:
     """Edge id -> its `column` for the edges that reported it (only `edge` when given), and their cameras."""
     query = select(Edge.id, column).order_by(Edge.id)

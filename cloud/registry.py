@@ -16,7 +16,7 @@ from typing import TypeVar
 from pydantic import ValidationError
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, defer, sessionmaker
 
 from cloud.base_models import mismatches
 from cloud.db import Filter, FilterChange, begin_writing, utcnow
@@ -30,6 +30,7 @@ from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, PIXELS, Tap, check_i
 log = logging.getLogger(__name__)
 
 RETRIES = 5
+NAME_CHARS = 64  # a filter name's longest (models.filterspec.NAME_PATTERN)
 TAPS: dict[str, Tap] = {**EFFICIENTNET_LITE0_TAPS, PIXELS: PIXEL_TAP}
 T = TypeVar("T")
 
@@ -70,9 +71,12 @@ class Registry:
         self.max_upload_bytes = max_upload_bytes
         self._on_change = on_change  # called after each committed change (wakes the publisher)
 
-    def filters(self) -> list[Filter]:
+    def filters(self) -> list[tuple[Filter, int]]:
+        """Every filter by name with its model's size; the models themselves are not loaded (a list of a hundred
+        filters read up to 160 MB of them)."""
+        query = select(Filter, func.length(Filter.onnx)).options(defer(Filter.onnx)).order_by(Filter.name)
         with self._sessions() as session:
-            return list(session.scalars(select(Filter).order_by(Filter.name)))
+            return [(row, int(size)) for row, size in session.execute(query)]
 
     def get(self, name: str) -> Filter:
         with self._sessions() as session:
@@ -206,7 +210,10 @@ def too_big(size: int, limit: int) -> str:
 def _existing(session: Session, name: str) -> Filter:
     row = session.get(Filter, name)
     if row is None:
-        raise RegistryError(404, f"no filter named '{name}': list the filters with GET /api/filters")
+        shown = f"'{name}'"
+        if len(name) > NAME_CHARS:  # not echoed whole: a 10 kB name made a 10 kB answer
+            shown = f"'{name[:NAME_CHARS]}…' ({len(name)} characters; a name has at most {NAME_CHARS})"
+        raise RegistryError(404, f"no filter named {shown}: list the filters with GET /api/filters")
     return row
 
 

@@ -55,6 +55,10 @@ class FilterOut(BaseModel):
     spec: FilterSpec
     revision: int = Field(description="the filter-set version of its last change")
     model_bytes: int
+    refused_by: list[str] = Field(
+        description="the edges it targets that refuse it (they run another base model or input size than it was "
+        "trained on) and go on with the revision they ran before, if any: retrain it for them"
+    )
     created_at: UtcDatetime
     updated_at: UtcDatetime
 

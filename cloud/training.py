@@ -109,16 +109,26 @@ class TrainingJobs:
         log.info("training job %d queued: filter %s from %s/%s %s", job.id, filter_name, dataset, event, options)
         return job
 
-    def jobs(self, status: str | None = None, dataset: str | None = None) -> list[tuple[TrainingJob, int]]:
-        """Every job, newest first, with its model's size (the models themselves are not loaded)."""
+    def jobs(
+        self,
+        status: str | None = None,
+        dataset: str | None = None,
+        event: str | None = None,
+        limit: int | None = None,
+        before: int | None = None,
+    ) -> list[tuple[TrainingJob, int]]:
+        """Jobs, newest (highest id) first, at most `limit` of them and only those below id `before` if given, each
+        with its model's size (the models themselves are not loaded). Ids, not creation times, order them: jobs
+        created at once get times out of id order."""
         self._fail_abandoned()
         query = select(TrainingJob, func.coalesce(func.length(TrainingJob.onnx), 0)).options(defer(TrainingJob.onnx))
-        if status is not None:
-            query = query.where(TrainingJob.status == status)
-        if dataset is not None:
-            query = query.where(TrainingJob.dataset == dataset)
+        for column, value in ((TrainingJob.status, status), (TrainingJob.dataset, dataset), (TrainingJob.event, event)):
+            if value is not None:
+                query = query.where(column == value)
+        if before is not None:
+            query = query.where(TrainingJob.id < before)
         with self._sessions() as session:
-            rows = session.execute(query.order_by(TrainingJob.created_at.desc(), TrainingJob.id.desc())).all()
+            rows = session.execute(query.order_by(TrainingJob.id.desc()).limit(limit)).all()
             return [(job, int(size)) for job, size in rows]
 
     def labels_changed(self, jobs: Iterable[TrainingJob]) -> dict[int, bool]:
@@ -177,7 +187,7 @@ class TrainingJobs:
             select(TrainingJob, func.coalesce(TrainingJob.onnx == model, False))
             .options(defer(TrainingJob.onnx))
             .where(TrainingJob.filter_name == filter_name, TrainingJob.deployed)
-            .order_by(TrainingJob.created_at.desc(), TrainingJob.id.desc())
+            .order_by(TrainingJob.id.desc())
         )
         with self._sessions() as session:
             rows = session.execute(query).all()

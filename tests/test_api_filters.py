@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import zmq
 from cloud_server import MAX_UPLOAD, READ_ONLY, WRITE_ONLY, CloudServer, run_cloud_on
-from sqlalchemy import select
+from sqlalchemy import event, select
 from support import beat_from_two_processes
 
 from cloud.config import CloudConfig
 from cloud.db import Filter, FilterChange, make_engine, session_factory
+from cloud.registry import Registry
 from common.protocol import Heartbeat, Hello, encode
 from models.filterspec import MAX_VERSION, BaseModelId, FilterSpec
 
@@ -307,6 +310,15 @@ REFUSALS = [
         "not a valid ONNX file",
     ),
     ("delete of an unknown filter", "delete", "/api/filters/nobody", None, None, 404, "no filter named 'nobody'"),
+    (  # the whole name was echoed: a 10 kB answer
+        "a name far too long",
+        "delete",
+        "/api/filters/" + "n" * 5000,
+        None,
+        None,
+        404,
+        f"no filter named '{'n' * 64}…' (5000 characters; a name has at most 64): list the filters",
+    ),
     ("event label too long", "post", "/api/filters", spec_json(event="e" * 129), "late", 422, "event: String should"),
     ("camera name too long", "post", "/api/filters", spec_json(cameras=["c" * 129]), "late", 422, "cameras.0:"),
     (  # it ran on no camera, silently: no edge's camera can have that name
@@ -639,8 +651,10 @@ def test_an_edge_on_another_base_model_than_its_filters_is_logged_once_and_liste
             "its base model or run the edge on theirs"
         ) in lines[0]
         # Retrained on the edge's base model: nothing refused any more.
+        assert client.get("/api/filters/bm-gate").json()["refused_by"] == ["edge-gate"]
         retrained = spec_for("bm-gate", cameras=["bm-gate"], base_model=INT8)
-        assert client.put("/api/filters/bm-gate", **upload(retrained, None)).status_code == 200
+        answer = client.put("/api/filters/bm-gate", **upload(retrained, None))
+        assert (answer.status_code, answer.json()["refused_by"]) == (200, [])
         assert client.get("/api/edges/edge-gate").json()["refused_filters"] == []
 
 
@@ -664,3 +678,23 @@ def test_an_edge_listed_with_the_filters_trained_at_another_input_size_than_it_r
         listed = {edge["id"]: edge["refused_filters"] for edge in client.get("/api/edges").json()}
         assert (listed["edge-small"], listed["edge-large"]) == ([], targeting)
         assert client.get("/api/edges/edge-large").json()["refused_filters"] == targeting
+        # The filter says it too: a new revision one edge refuses keeps the old one running there unseen.
+        filters = {f["name"]: f["refused_by"] for f in client.get("/api/filters").json()}
+        assert [filters[name] for name in targeting] == [["edge-large"]] * len(targeting)
+        assert client.get("/api/filters/size-gate").json()["refused_by"] == ["edge-large"]
+        again = client.put("/api/filters/size-gate", **upload(spec_for("size-gate", cameras=["size-gate"]), None))
+        assert (again.status_code, again.json()["refused_by"]) == (200, ["edge-large"])
+
+
+def test_listing_filters_reads_no_model_from_the_database(make_filter: Exporter, tmp_path: Path) -> None:
+    """GET /api/filters read every filter's model to give its size: a hundred filters, up to 160 MB a request."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'cloud.db'}")
+    registry = Registry(session_factory(engine), MAX_UPLOAD, on_change=lambda: None)
+    spec, onnx = make_filter("full_frame", "late", (64, 64), name="listed")
+    registry.create(spec, onnx)
+    statements: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda _c, _cursor, statement, *_: statements.append(statement))
+    [(row, size)] = registry.filters()
+    assert (row.name, row.revision, size) == ("listed", 1, len(onnx))
+    assert statements and not [s for s in statements if re.search(r"filters\.onnx(?!\))", s)], statements
+    engine.dispose()

@@ -256,6 +256,8 @@ def test_an_edge_shows_its_base_model_and_the_filters_it_refuses(
     cell = page.locator('[data-testid="edge-row"][data-edge="edge-int8"] [data-field="base_model"]')
     expect(cell).to_have_text("efficientnet-lite0 int8 ⚠ refuses 1")
     expect(cell).to_have_attribute("title", re.compile(r"^refuses fp32-only: trained on another base model"))
+    note = page.locator('[data-testid="filter-row"][data-name="fp32-only"]').get_by_test_id("filter-refused")
+    expect(note).to_have_text("⚠ refused by edge edge-int8")  # the filter's row says it too
     assert api(cloud, "DELETE", "/api/filters/fp32-only").status_code == 204
     page.reload()
     sign_in(page, TOKEN)

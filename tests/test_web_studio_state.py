@@ -68,9 +68,9 @@ def expect_cleared(message: Locator) -> None:
 
 
 def answer_jobs(page: Page, dataset: str, jobs: list[dict]) -> None:
-    """GET /api/training-jobs?dataset=<dataset> answers `jobs`."""
+    """GET /api/training-jobs?dataset=<dataset>&event=... answers `jobs`."""
     page.route(
-        re.compile(rf"/api/training-jobs\?dataset={dataset}$"),
+        re.compile(rf"/api/training-jobs\?dataset={dataset}&event=[^&]+$"),
         lambda route: route.fulfill(json=jobs),
     )
 
@@ -232,6 +232,15 @@ def test_a_job_whose_labels_changed_says_so_and_asks_before_it_is_deployed(
         "The event's labels or region changed after this job read them: its model lacks those changes. "
         "Deploy it anyway?"
     ]
+    # Deployed anyway, where two edges refuse it: said, not "the edges take it within seconds".
+    deployed = {"name": "relabelled-f", "revision": 4, "refused_by": ["edge-a", "edge-b"]}
+    page.route(re.compile(r"/api/training-jobs/9301/deploy$"), lambda route: route.fulfill(json=deployed))
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_test_id("job-deploy").click()
+    expect(page.get_by_test_id("deploy-message")).to_have_text(
+        "Deployed as filter relabelled-f (revision 4), but edges edge-a and edge-b refuse it: they run another base "
+        "model or input size than it was trained on, and go on with what they ran before."
+    )
 
     answer_jobs(page, "relabelled", [now])  # opened again: the job as it is now
     page.reload()

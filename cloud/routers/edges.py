@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cloud.auth import require
-from cloud.base_models import mismatches, size_mismatches, stored_specs
+from cloud.base_models import refusals, stored_specs
 from cloud.db import Camera, Edge
 from cloud.liveness import LastHeard
 from cloud.metrics import online_cutoff
@@ -86,11 +86,7 @@ def _camera_names(session: Session, edge_id: str | None = None) -> dict[str, lis
 
 def _refused_filters(session: Session, edge_id: str | None = None) -> dict[str, list[str]]:
     """Edge id -> the filters that target it trained on another base model or input size (cloud.base_models)."""
-    specs = stored_specs(session)
-    pairs = {(m.filter, m.edge) for m in mismatches(session, specs, edge_id)} | set(
-        size_mismatches(session, specs, edge_id)
-    )
     refused: dict[str, list[str]] = {}
-    for name, edge in sorted(pairs):
+    for name, edge in refusals(session, stored_specs(session), edge_id):
         refused.setdefault(edge, []).append(name)
     return refused

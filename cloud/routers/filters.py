@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Response, UploadFile, status
 from fastapi.routing import APIRoute
+from sqlalchemy.orm import Session
 from starlette.types import Message, Receive
 
 from cloud.auth import require
+from cloud.base_models import refusals
 from cloud.db import Filter
+from cloud.publisher import stored_spec
 from cloud.registry import Registry, RegistryError, parse_spec, too_big
-from cloud.routers import EachPartOnce, RegistryDep
+from cloud.routers import EachPartOnce, RegistryDep, SessionDep
 from cloud.schemas import FilterOut, errors
 
 # Room for the spec field and the multipart framing around the model in an upload's body.
@@ -74,19 +77,20 @@ def create_filter(
     spec: Annotated[str, Form(min_length=1, description=SPEC_HELP)],
     model: Annotated[UploadFile, File(description="the MC's ONNX model")],
     registry: RegistryDep,
+    session: SessionDep,
 ) -> FilterOut:
     """Register a filter; its model is checked against the spec's tap, ROI and input size."""
-    return filter_out(registry.create(parse_spec(spec), read_model(model, registry)))
+    return filter_out(session, registry.create(parse_spec(spec), read_model(model, registry)))
 
 
 @router.get("", dependencies=[Reader])
-def list_filters(registry: RegistryDep) -> list[FilterOut]:
-    return [filter_out(row) for row in registry.filters()]
+def list_filters(registry: RegistryDep, session: SessionDep) -> list[FilterOut]:
+    return filters_out(session, registry.filters())
 
 
 @router.get("/{name}", dependencies=[Reader])
-def get_filter(name: str, registry: RegistryDep) -> FilterOut:
-    return filter_out(registry.get(name))
+def get_filter(name: str, registry: RegistryDep, session: SessionDep) -> FilterOut:
+    return filter_out(session, registry.get(name))
 
 
 @router.get(
@@ -109,13 +113,14 @@ def update_filter(
     name: str,
     spec: Annotated[str, Form(min_length=1, description=SPEC_HELP)],
     registry: RegistryDep,
+    session: SessionDep,
     model: Annotated[UploadFile | None, File(description="a new ONNX model (keep the current one without)")] = None,
 ) -> FilterOut:
     """Replace a filter's spec (the server bumps its version) and optionally its model."""
     # A browser form with an empty file input sends an empty, unnamed part: that means "keep the model".
     given = model is not None and bool(model.filename or model.size)
     onnx = read_model(model, registry) if given else None
-    return filter_out(registry.update(name, parse_spec(spec), onnx))
+    return filter_out(session, registry.update(name, parse_spec(spec), onnx))
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, dependencies=[Writer])
@@ -133,12 +138,24 @@ def read_model(model: UploadFile, registry: Registry) -> bytes:
     return data
 
 
-def filter_out(row: Filter) -> FilterOut:
-    return FilterOut(
-        name=row.name,
-        spec=row.spec,
-        revision=row.revision,
-        model_bytes=len(row.onnx),
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
+def filter_out(session: Session, row: Filter) -> FilterOut:
+    return filters_out(session, [(row, len(row.onnx))])[0]
+
+
+def filters_out(session: Session, rows: Sequence[tuple[Filter, int]]) -> list[FilterOut]:
+    """Filters as the API gives them, (row, its model's size) each, with the edges that refuse them."""
+    refused: dict[str, list[str]] = {}
+    for name, edge in refusals(session, [spec for row, _ in rows if (spec := stored_spec(row)) is not None]):
+        refused.setdefault(name, []).append(edge)
+    return [
+        FilterOut(
+            name=row.name,
+            spec=row.spec,
+            revision=row.revision,
+            model_bytes=size,
+            refused_by=refused.get(row.name, []),
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+        for row, size in rows
+    ]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Path, Request, Response, UploadFile, status
+from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, Response, UploadFile, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from cloud.auth import require
 from cloud.db import TrainingJob
-from cloud.routers import EachPartOnce
+from cloud.routers import EachPartOnce, SessionDep
 from cloud.routers.events import MAX_ROW_ID
 from cloud.routers.filters import UploadLimitRoute, filter_out, read_model
 from cloud.schemas import ClaimOut, FilterOut, Number, TrainingJobOut, TrainingOptions, errors
@@ -86,9 +86,15 @@ def list_jobs(
     jobs: JobsDep,
     status: Literal["queued", "running", "done", "failed"] | None = None,
     dataset: str | None = None,
+    event: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="at most this many jobs")] = 100,
+    before: Annotated[
+        int | None, Query(ge=1, le=MAX_ROW_ID, description="only jobs with a lower id: the next page's is the last id")
+    ] = None,
 ) -> list[TrainingJobOut]:
-    """Newest first; optionally only those with one status or of one dataset."""
-    rows = jobs.jobs(status, dataset)
+    """Newest (highest id) first, `limit` at a time; optionally only those with one status, of one dataset or of one
+    event."""
+    rows = jobs.jobs(status, dataset, event, limit, before)
     changed = jobs.labels_changed(job for job, _ in rows)
     return [job_out(job, jobs, size, changed) for job, size in rows]
 
@@ -147,10 +153,10 @@ def report_failed(job_id: JobId, failed: FailedIn, jobs: JobsDep) -> TrainingJob
 
 
 @router.post("/{job_id:int}/deploy", dependencies=[Writer])
-def deploy_job(job_id: JobId, jobs: JobsDep) -> FilterOut:
+def deploy_job(job_id: JobId, jobs: JobsDep, session: SessionDep) -> FilterOut:
     """The job's bundle through the filter registry to the edges (a new revision when the filter exists); 409 for
     a job that is not done."""
-    return filter_out(jobs.deploy(job_id))
+    return filter_out(session, jobs.deploy(job_id))
 
 
 def job_out(

@@ -216,7 +216,12 @@ function filterRow(filter) {
   return el(
     "tr",
     { "data-testid": "filter-row", "data-name": filter.name },
-    el("td", { "data-field": "name", title: spec.event ? `event: ${spec.event}` : null }, el("strong", {}, filter.name)),
+    el(
+      "td",
+      { "data-field": "name", title: spec.event ? `event: ${spec.event}` : null },
+      el("strong", {}, filter.name),
+      refusedNote(filter.refused_by || []),
+    ),
     el("td", { "data-field": "architecture" }, spec.architecture),
     el(
       "td",
@@ -231,6 +236,20 @@ function filterRow(filter) {
     numCell("revision", String(filter.revision)),
     el("td", {}, remove),
   );
+}
+
+/** "edge-1", "edges edge-1 and edge-2", "edges a, b and c". */
+function refusers(edges) {
+  if (edges.length === 1) return `edge ${edges[0]}`;
+  return `edges ${edges.slice(0, -1).join(", ")} and ${edges[edges.length - 1]}`;
+}
+
+/** A warning on a filter that edges it targets refuse (another base model or input size): they run what they ran
+ * before, or nothing, under its name. */
+function refusedNote(edges) {
+  if (!edges.length) return null;
+  const title = `${refusers(edges)} refuse this filter: they run another base model or input size than it was trained on`;
+  return el("span", { class: "warn", "data-testid": "filter-refused", title }, ` ⚠ refused by ${refusers(edges)}`);
 }
 
 /** Threshold and k-of-n, and the motion the region needs for a frame to count (FilterSpec.motion), if any. */

@@ -1001,7 +1001,8 @@ function fillTrainingKinds() {
 async function showLatestTrainingJob(generation) {
   let jobs;
   try {
-    jobs = await api(`/api/training-jobs?dataset=${encodeURIComponent(studio.dataset.name)}`);
+    const query = new URLSearchParams({ dataset: studio.dataset.name, event: studio.event });
+    jobs = await api(`/api/training-jobs?${query}`);
   } catch {
     return;
   }
@@ -1336,9 +1337,13 @@ async function deployJob(job, button, message) {
     const answer = await api(`/api/training-jobs/${job.id}/deploy`, { method: "POST" });
     const revision = answer && typeof answer.revision === "number" ? ` (revision ${answer.revision})` : "";
     job.deployed = true;
-    message.className = "message ok";
+    const refused = (answer && answer.refused_by) || [];
+    message.className = refused.length ? "message error" : "message ok";
     message.dataset.state = "current";
-    message.textContent = `Deployed as filter ${job.filter}${revision}: the edges take it within seconds.`;
+    message.textContent = refused.length
+      ? `Deployed as filter ${job.filter}${revision}, but ${refusers(refused)} refuse it: they run another base ` +
+        "model or input size than it was trained on, and go on with what they ran before."
+      : `Deployed as filter ${job.filter}${revision}: the edges take it within seconds.`;
     filtersSignature = "";
     showRevisions(job.filter);
     await refreshFilters();
