@@ -179,11 +179,22 @@ class Datasets:
             raise DatasetError(404, f"no dataset {name!r}: list them with GET /api/datasets")
         return row
 
+    def _locked(self, session: Session, name: str) -> Dataset:
+        """The dataset, held for this write transaction: changes of its labels, regions and frames, and its
+        deletion, go one at a time (two region saves at once each wrote back the regions it had read, and a save
+        racing a deletion failed with a 500)."""
+        begin_writing(session)
+        row = session.scalar(select(Dataset).where(Dataset.name == name).with_for_update())
+        if row is None:
+            raise DatasetError(404, f"no dataset {name!r}: list them with GET /api/datasets")
+        return row
+
     def counts(self, session: Session, name: str) -> dict[str, EventCounts]:
         """Per event (labelled or given a region): how its frames are labelled and how many occurrences it has."""
         dataset = self.get(session, name)
         labels = self.labels(session, name)
-        return {event: _counts(labels.get(event, {})) for event in sorted(set(labels) | set(dataset.regions))}
+        drawn = {event for event, region in dataset.regions.items() if region}  # null: a region cleared before
+        return {event: _counts(labels.get(event, {})) for event in sorted(set(labels) | drawn)}
 
     def labels(self, session: Session, name: str, event: str | None = None) -> dict[str, dict[int, int]]:
         query = select(Label.event, Label.frame_index, Label.value).where(Label.dataset == name)
@@ -210,7 +221,7 @@ class Datasets:
         """Sets (or, for None, removes) the labels of frames that exist; all or nothing."""
         _check_event(event)
         with self._sessions.begin() as session:
-            self.get(session, name)
+            self._locked(session, name)
             frames = self.frame_count(session, name)
             changes = dict(labels)
             outside = sorted(frame for frame in changes if not 0 <= frame < frames)
@@ -234,10 +245,7 @@ class Datasets:
         written: list[int] = []
         try:
             with self._sessions.begin() as session:
-                begin_writing(session)  # one append at a time: each numbers its frames after the last one
-                dataset = session.scalar(select(Dataset).where(Dataset.name == name).with_for_update())
-                if dataset is None:
-                    raise DatasetError(404, f"no dataset {name!r}: list them with GET /api/datasets")
+                dataset = self._locked(session, name)  # one append at a time: each numbers frames after the last
                 if dataset.status in ("requested", "recording"):
                     raise DatasetError(
                         409, f"dataset {name!r} is still {dataset.status} footage: give feedback once it is complete"
@@ -295,15 +303,16 @@ class Datasets:
         if polygon is not None and (reason := polygon_errors(tuple(polygon))):
             raise DatasetError(422, f"invalid region for {event!r}: {reason}")
         with self._sessions.begin() as session:
-            dataset = self.get(session, name)
-            dataset.regions = {**dataset.regions, event: [list(point) for point in polygon] if polygon else None}
+            dataset = self._locked(session, name)
+            regions = {key: region for key, region in dataset.regions.items() if key != event}
+            dataset.regions = {**regions, event: [list(point) for point in polygon]} if polygon else regions
         self.refresh(name)
 
     def delete(self, name: str) -> None:
         """The dataset, its frames and labels. Its training jobs stay (a deployed one is a revision of its filter, to
         roll back to) without it; one still queued or running fails, as nothing is left to train on."""
         with self._sessions.begin() as session:
-            dataset = self.get(session, name)
+            dataset = self._locked(session, name)
             waiting = TrainingJob.status.in_(("queued", "running"))
             failed = session.execute(
                 update(TrainingJob)
@@ -314,7 +323,8 @@ class Datasets:
                 .execution_options(synchronize_session=False)
             ).rowcount
             session.delete(dataset)
-        self.folders.delete(name)
+        with self._refreshing:  # not while a change that committed before the deletion rewrites its files
+            self.folders.delete(name)
         log.info("dataset %s deleted%s", name, f"; {failed} training job(s) on it failed" if failed else "")
 
     def refresh(self, name: str) -> None:

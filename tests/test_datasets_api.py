@@ -107,6 +107,60 @@ def test_labels_saved_side_by_side_all_reach_labels_csv(cloud: CloudServer, clip
         assert read.tolist() == expected, f"burst {burst}"
 
 
+def test_regions_saved_side_by_side_are_all_kept(cloud: CloudServer, clip: Path) -> None:
+    """Each region save wrote back the regions it had read: of 16 saved at once, every one answered 200 and two in
+    three were lost, in the database and in dataset.yaml (what trainers read)."""
+    upload(cloud, clip, "regions-at-once")
+    triangle = [[0.1, 0.1], [0.9, 0.1], [0.5, 0.9]]
+
+    def save(event: str) -> int:
+        with cloud.client() as client:
+            return client.put(f"/api/datasets/regions-at-once/regions/{event}", json={"polygon": triangle}).status_code
+
+    events = [f"event_{n}" for n in range(16)]
+    with ThreadPoolExecutor(len(events)) as pool:
+        assert set(pool.map(save, events)) == {200}
+    with cloud.client() as client:
+        assert sorted(client.get("/api/datasets/regions-at-once").json()["regions"]) == sorted(events)
+    assert sorted(open_dataset(cloud.config.data_dir / "datasets" / "regions-at-once").regions) == sorted(events)
+
+
+def test_changes_racing_a_deletion_get_404_not_500(cloud: CloudServer, clip: Path) -> None:
+    """Label and region saves sent as the dataset was deleted failed in the database or its folder: 500s."""
+    for attempt in range(3):
+        upload(cloud, clip, "doomed-set")
+
+        def change(n: int) -> int:
+            with cloud.client() as client:
+                if n == 0:
+                    return client.delete("/api/datasets/doomed-set").status_code
+                if n % 2:
+                    body = {"event": f"ev{n}", "labels": [{"frame": n, "value": 1}]}
+                    return client.put("/api/datasets/doomed-set/labels", json=body).status_code
+                return client.put(f"/api/datasets/doomed-set/regions/ev{n}", json={"polygon": None}).status_code
+
+        with ThreadPoolExecutor(16) as pool:
+            statuses = list(pool.map(change, range(16)))
+        assert statuses[0] == 204 and set(statuses[1:]) <= {200, 404}, (attempt, statuses)
+        assert not (cloud.config.data_dir / "datasets" / "doomed-set").exists()
+
+
+def test_clearing_a_region_leaves_no_event_behind(cloud: CloudServer, clip: Path) -> None:
+    """A null region was kept as an event of its own: a typo in the path made a permanent empty event (and a
+    labels.csv column) that nothing could remove."""
+    upload(cloud, clip, "cleared")
+    with cloud.client() as client:
+        base = "/api/datasets/cleared/regions"
+        assert client.put(f"{base}/never_seen", json={"polygon": None}).status_code == 200
+        assert client.put(f"{base}/drawn", json={"polygon": [[0.1, 0.1], [0.9, 0.1], [0.5, 0.9]]}).status_code == 200
+        assert sorted(client.get("/api/datasets/cleared").json()["events"]) == ["drawn"]
+        assert client.put(f"{base}/drawn", json={"polygon": None}).status_code == 200
+        answer = client.get("/api/datasets/cleared").json()
+    assert (answer["events"], answer["regions"]) == ({}, {})
+    folder = cloud.config.data_dir / "datasets" / "cleared"
+    assert "drawn" not in (folder / "dataset.yaml").read_text() + (folder / "labels.csv").read_text()
+
+
 def test_bad_input_is_refused_and_changes_nothing(cloud: CloudServer, clip: Path) -> None:
     upload(cloud, clip, "refusals")
     good = [{"frame": 3, "value": 1}]
