@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, defer, sessionmaker
 
 from cloud.base_models import mismatches
-from cloud.db import Filter, FilterChange, begin_writing, utcnow
+from cloud.db import Edge, Filter, FilterChange, begin_writing, utcnow
 from common.protocol import check_filter_fits
 from models.bundle import check_mc_model
 from models.errors import FilterForwardError, is_disk_full, validation_summary
@@ -185,11 +185,14 @@ def _check_base_model(session: Session, spec: FilterSpec) -> None:
         return
     first = found[0]
     others = f" (and {len(found) - 1} more edge(s))" if len(found) > 1 else ""
+    seen = session.scalar(select(Edge.last_seen).where(Edge.id == first.edge))
     raise RegistryError(
         409,
         f"filter '{spec.name}' was trained on base model {first.filter_model} but edge '{first.edge}' runs "
-        f"{first.edge_model}{others}: retrain it on that base model (filterforward train --base-model) or run "
-        "the edge on the one it was trained on (filterforward models export, the edge's base_model:)",
+        f"{first.edge_model} (it said so last at {seen:%Y-%m-%d %H:%M} UTC){others}: retrain it on that base model "
+        "(--base-model of filterforward train or trainer serve), run the edge on the one it was trained on "
+        "(filterforward models export, the edge's base_model:), or, if the edge is gone, forget it "
+        f"(DELETE /api/edges/{first.edge})",
     )
 
 

@@ -589,6 +589,19 @@ class Storage:
 
         transact(self._sessions, work)
 
+    def forget_edge(self, edge: str) -> bool:
+        """Removes the edge and its cameras (an edge gone for good: what it last reported decides no more which
+        filters may be stored); its events and frames stay. Whether it was known. A hello brings it back."""
+
+        def work(session: Session) -> bool:
+            row = session.get(Edge, edge)
+            if row is None:
+                return False
+            session.delete(row)  # its cameras go with it (ON DELETE CASCADE)
+            return True
+
+        return transact(self._sessions, work)
+
     def count(self, name: str, n: int = 1) -> None:
         transact(self._sessions, lambda session: add_counter(session, name, n))
 

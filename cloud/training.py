@@ -155,8 +155,8 @@ class TrainingJobs:
         if job.status == "failed":
             raise TrainingError(
                 409,
-                f"training job {job_id} failed ({job.error}), so it has no filter to deploy: fix what it says, queue "
-                "the job again (POST /api/training-jobs) and deploy that one once it is done",
+                f"training job {job_id} failed ({job.error}), so it has no filter to deploy: deploy a job that is "
+                "done, or queue a new one (POST /api/training-jobs)",
             )
         if job.status != "done" or job.spec is None or job.onnx is None:
             raise TrainingError(

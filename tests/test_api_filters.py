@@ -19,7 +19,7 @@ import pytest
 import zmq
 from cloud_server import MAX_UPLOAD, READ_ONLY, WRITE_ONLY, CloudServer, run_cloud_on
 from sqlalchemy import event, select
-from support import beat_from_two_processes
+from support import beat_from_two_processes, wait_until
 
 from cloud.config import CloudConfig
 from cloud.db import Filter, FilterChange, make_engine, session_factory
@@ -596,6 +596,11 @@ def post_spec(
     return client.post("/api/filters", **upload(spec_for(name, cameras=cameras, base_model=base_model), onnx))
 
 
+def when_said(detail: str) -> str:
+    """The refusal with the time the edge last said its base model as {seen}."""
+    return re.sub(r"said so last at \d{4}-\d\d-\d\d \d\d:\d\d UTC", "said so last at {seen} UTC", detail)
+
+
 def test_a_filter_trained_on_another_base_model_than_a_target_edge_runs_is_refused(
     cloud: CloudServer, models: dict
 ) -> None:
@@ -604,15 +609,16 @@ def test_a_filter_trained_on_another_base_model_than_a_target_edge_runs_is_refus
     say_hello(cloud, "edge-quiet", ["bm-yard"], None)  # has not reported its base model: nothing to refuse
     detail = (
         "filter 'bm-dock' was trained on base model effnet-lite0 fp32 (digest 0123456789abcdef) but edge "
-        "'edge-int8' runs effnet-lite0 int8 (digest fedcba9876543210): retrain it on that base model "
-        "(filterforward train --base-model) or run the edge on the one it was trained on (filterforward models "
-        "export, the edge's base_model:)"
+        "'edge-int8' runs effnet-lite0 int8 (digest fedcba9876543210) (it said so last at {seen} UTC): retrain it "
+        "on that base model (--base-model of filterforward train or trainer serve), run the edge on the one it was "
+        "trained on (filterforward models export, the edge's base_model:), or, if the edge is gone, forget it "
+        "(DELETE /api/edges/edge-int8)"
     )
     before = db_state(cloud.config)
     with cloud.client() as client:
         for cameras in (["bm-dock"], ["*"]):
             refused = post_spec(client, "bm-dock", cameras, TRAINED, onnx)
-            assert (refused.status_code, refused.json()) == (409, {"detail": detail})
+            assert (refused.status_code, when_said(refused.json()["detail"])) == (409, detail)
         assert db_state(cloud.config) == before
         # Other cameras, the edge's own base model, none recorded: stored.
         for name, cameras, base_model in [
@@ -626,10 +632,31 @@ def test_a_filter_trained_on_another_base_model_than_a_target_edge_runs_is_refus
         moved = spec_for("bm-yard", cameras=["bm-yard", "bm-dock"], base_model=TRAINED)
         refused = client.put("/api/filters/bm-yard", **upload(moved, None))
         assert refused.status_code == 409
-        assert refused.json()["detail"] == detail.replace("'bm-dock'", "'bm-yard'", 1)
+        assert when_said(refused.json()["detail"]) == detail.replace("'bm-dock'", "'bm-yard'", 1)
         assert db_state(cloud.config) == before
         conflict = client.get("/openapi.json").json()["paths"]["/api/filters"]["post"]["responses"]["409"]
         assert "another base model" in conflict["description"]
+
+
+def test_an_edge_gone_for_good_is_forgotten_and_refuses_no_more_filters(cloud: CloudServer, models: dict) -> None:
+    """An edge that last reported another base model refused every new filter for its cameras (every new studio
+    filter targets all cameras) for ever, online or not, and nothing could remove it: DELETE was 405."""
+    onnx = models["late"][1]
+    say_hello(cloud, "edge-gone", ["gone-cam"], INT8)
+    with cloud.client() as client:
+        busy = client.delete("/api/edges/edge-gone")
+        assert busy.status_code == 409 and busy.json()["detail"].startswith("edge 'edge-gone' is online"), busy.text
+        wait_until(lambda: not client.get("/api/edges/edge-gone").json()["online"], "edge-gone shown offline")
+        refused = post_spec(client, "for-gone", ["gone-cam"], TRAINED, onnx)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["detail"].endswith("or, if the edge is gone, forget it (DELETE /api/edges/edge-gone)")
+        assert client.delete("/api/edges/edge-gone").status_code == 204
+        assert client.get("/api/edges/edge-gone").status_code == 404
+        assert "gone-cam" not in {camera["name"] for camera in client.get("/api/cameras").json()}
+        assert post_spec(client, "for-gone", ["gone-cam"], TRAINED, onnx).status_code == 201
+        assert client.delete("/api/edges/edge-gone").status_code == 404
+    with cloud.client(READ_ONLY) as client:
+        assert client.delete("/api/edges/edge-int8").status_code == 403
 
 
 def test_an_edge_on_another_base_model_than_its_filters_is_logged_once_and_listed(

@@ -473,8 +473,8 @@ def test_trainers_claiming_at_once_never_share_a_job(cloud: CloudServer) -> None
     with cloud.client() as client:  # said "deploy it once it says done", which a failed job never will
         refused = client.post(f"/api/training-jobs/{claimed[0]['id']}/deploy")
     assert refused.status_code == 409 and refused.json()["detail"] == (
-        f"training job {claimed[0]['id']} failed (a race test), so it has no filter to deploy: fix what it says, "
-        "queue the job again (POST /api/training-jobs) and deploy that one once it is done"
+        f"training job {claimed[0]['id']} failed (a race test), so it has no filter to deploy: deploy a job that is "
+        "done, or queue a new one (POST /api/training-jobs)"
     )
 
 

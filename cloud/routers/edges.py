@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, HTTPException, Request, status
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -36,6 +36,26 @@ def get_edge(edge_id: str, session: SessionDep, config: ConfigDep, last_heard: L
     cameras = _camera_names(session, edge_id).get(edge_id, [])
     refused = _refused_filters(session, edge_id).get(edge_id, [])
     return edge_out(edge, last_heard, cameras, refused, online_cutoff(config))
+
+
+@router.delete("/edges/{edge_id}", status_code=204, dependencies=[Depends(require("write"))], responses=errors(409))
+def forget_edge(edge_id: str, request: Request, config: ConfigDep, last_heard: LastHeardDep) -> None:
+    """Forget an edge that is gone for good (decommissioned, renamed): it and its cameras leave the lists, and the
+    base model it last reported no longer refuses filters; its events and frames stay. 409 while it is online: its
+    next message would bring it back."""
+    storage = request.app.state.services.storage
+    with request.app.state.services.sessions() as session:
+        edge = session.get(Edge, edge_id)
+    if edge is None:
+        raise not_found(f"no edge '{edge_id}' has connected: list the known edges with GET /api/edges")
+    last_seen = last_heard.latest(edge_id, edge.last_seen)
+    if last_seen >= online_cutoff(config):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"edge '{edge_id}' is online (last heard {last_seen:%Y-%m-%d %H:%M:%S} UTC): stop it first, or it comes "
+            "back with its next message",
+        )
+    storage.forget_edge(edge_id)
 
 
 @router.get("/cameras")
