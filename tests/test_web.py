@@ -290,6 +290,14 @@ def test_an_offline_edge_shows_no_stale_uplink_and_a_shared_edge_id_is_flagged(p
     twin = page.locator('[data-testid="edge-row"][data-edge="edge-twin"]')
     expect(twin.get_by_test_id("shared-id")).to_have_text("⚠ two edges use this id")
 
+    # An edge gone for good is forgotten from its row; an online one has nothing to forget it with.
+    expect(twin.get_by_test_id("edge-forget")).to_have_count(0)
+    page.once("dialog", lambda dialog: dialog.accept())
+    gone.get_by_test_id("edge-forget").click()
+    expect(page.get_by_test_id("edges-status")).to_have_text("Forgot edge edge-gone.")
+    expect(gone).to_have_count(0)
+    assert api(cloud, "GET", "/api/edges/edge-gone").status_code == 404
+
 
 def test_a_bundles_spec_fills_the_form_and_keeps_what_the_form_has_no_field_for(
     page: Page, cloud: CloudConfig, make_filter: Callable[..., tuple[FilterSpec, bytes]], tmp_path: Path

@@ -457,7 +457,7 @@ async function refreshEdges() {
   const [edges, cameras] = await Promise.all([api("/api/edges"), api("/api/cameras")]);
   const edgeRows = edges.map(edgeRow);
   const cameraRows = cameras.map(cameraRow);
-  byId("edges-body").replaceChildren(...(edgeRows.length ? edgeRows : [emptyRow(10, "No edge has connected yet.")]));
+  byId("edges-body").replaceChildren(...(edgeRows.length ? edgeRows : [emptyRow(11, "No edge has connected yet.")]));
   byId("cameras-body").replaceChildren(...(cameraRows.length ? cameraRows : [emptyRow(10, "No cameras reported.")]));
   setOptions(byId("camera-names"), cameras.map((camera) => camera.name));
 }
@@ -477,7 +477,30 @@ function edgeRow(edge) {
     numCell("spool_dropped", fmt.count(stats.spool_dropped)),
     numCell("in_flight", fmt.count(stats.in_flight)),
     numCell("sent_bytes", fmt.bytes(stats.sent_bytes)),
+    el("td", {}, edge.online ? null : forgetButton(edge.id)),
   );
+}
+
+/** "Forget" for an offline edge gone for good (DELETE /api/edges/{id}: the API refuses an online one). */
+function forgetButton(id) {
+  const attrs = { type: "button", class: "danger", "aria-label": `Forget edge ${id}`, "data-testid": "edge-forget" };
+  const button = el("button", attrs, "Forget");
+  button.addEventListener("click", () => forgetEdge(id, button));
+  return button;
+}
+
+async function forgetEdge(id, button) {
+  const question = `Forget edge "${id}"? It leaves this list with its cameras; its events stay. It comes back if it connects again.`;
+  if (!confirm(question)) return;
+  button.disabled = true;
+  try {
+    await api(`/api/edges/${encodeURIComponent(id)}`, { method: "DELETE" });
+    setStatus("edges-status", `Forgot edge ${id}.`);
+    await refreshEdges();
+  } catch (err) {
+    setStatus("edges-status", `Could not forget edge ${id}: ${err.message}`, true);
+    button.disabled = false;
+  }
 }
 
 /** The edge's link to the cloud as its last stats said; an offline edge's last stats are stale, so not shown. */
