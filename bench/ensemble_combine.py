@@ -51,7 +51,7 @@ def members(case: Case, dataset, config: TrainConfig) -> tuple[np.ndarray, np.nd
     oof, tested, plan = [], [], None
     for index in range(ENSEMBLE):
         member = dataclasses.replace(
-            config, seed=config.seed + ENSEMBLE_SEED_STEP * index, steps=config.member_steps, ensemble=1
+            config, seed=config.seed + ENSEMBLE_SEED_STEP * index, steps=config.member_steps(index), ensemble=1
         )
         validation = cross_validate(train, member, partial(fit_mc, member, progress=False))
         model, _ = fit_mc(member, train, progress=False)

@@ -41,14 +41,14 @@ MAX_INPUT_SIDE = 8192  # pixels: an 8K frame's width; also the bound of the wire
 
 def check_input_size(input_size: tuple[int, int], stride: int = MODEL_STRIDE) -> tuple[int, int]:
     width, height = input_size
+    if max(width, height) > MAX_INPUT_SIDE:  # the base DNN's activations would not fit in memory
+        raise ValueError(f"input size {width}x{height} is not valid: each side must be at most {MAX_INPUT_SIDE}")
     if width <= 0 or height <= 0 or width % stride or height % stride:
         near_width, near_height = round_input_size((max(width, 1), max(height, 1)), stride)
         raise ValueError(
             f"input size {width}x{height} is not valid: width and height must be positive multiples of "
             f"{stride} (e.g. {near_width}x{near_height})"
         )
-    if max(width, height) > MAX_INPUT_SIDE:  # the base DNN's activations would not fit in memory
-        raise ValueError(f"input size {width}x{height} is not valid: each side must be at most {MAX_INPUT_SIDE}")
     return width, height
 
 

@@ -175,9 +175,10 @@ class TrainConfig:
     # The default filter's motion veto (models/motion.py): fitted on the training frames' foreground in the region.
     motion_veto: bool = False
 
-    @property
-    def member_steps(self) -> int:
-        return max(1, self.steps // self.ensemble)
+    def member_steps(self, index: int) -> int:
+        """Steps of ensemble member `index`: the steps shared out, the first members taking one more where they do
+        not divide evenly (`--steps 100` trained 99)."""
+        return self.steps // self.ensemble + (index < self.steps % self.ensemble)
 
     @property
     def kind(self) -> MCKind:
@@ -321,7 +322,7 @@ def fit_mc(
     if config.ensemble == 1:
         return _fit_one(config, data, progress, on_step)
     members = [
-        replace(config, seed=config.seed + ENSEMBLE_SEED_STEP * index, steps=config.member_steps, ensemble=1)
+        replace(config, seed=config.seed + ENSEMBLE_SEED_STEP * index, steps=config.member_steps(index), ensemble=1)
         for index in range(config.ensemble)
     ]
     fit = partial(_fit_one, data=data, progress=progress, on_step=on_step)
@@ -585,6 +586,11 @@ def check_config(dataset: LabelledDataset, config: TrainConfig) -> None:
         raise FilterForwardError(
             f"need steps from 1 to {MAX_STEPS:,}, a batch size from 2 to {MAX_BATCH_SIZE} and threads >= 1, got "
             f"{config.steps}, {config.batch_size} and {config.threads}"
+        )
+    if config.steps < config.ensemble:  # `--steps 1` trained 3: one for each member
+        raise FilterForwardError(
+            f"{config.steps} step(s) for an ensemble of {config.ensemble} models (the default filter's): give --steps "
+            f"of at least {config.ensemble}"
         )
     if config.seed < 0:
         raise FilterForwardError(f"the seed must be 0 or more, got {config.seed}")

@@ -304,6 +304,12 @@ def test_uncertain_frames_do_not_split_an_event() -> None:
     assert ds.intervals("e") == [(1, 3), (5, 5)]
 
 
+def test_blank_looking_lines_of_labels_csv_are_skipped(tmp_path: Path) -> None:
+    """A line of spaces was refused as a row of one field, and a spreadsheet's empty row (",") for its frame_index."""
+    root = _image_dataset(tmp_path / "src", "frame_index,a\n0,1\n  \n,\n1,0\n\n2,1\n")
+    assert open_dataset(root).labels["a"][:4].tolist() == [1, 0, 1, -1]
+
+
 def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) -> None:
     root = _image_dataset(tmp_path / "src", "frame_index,a\n0,1\n1,1\n2,0\n")
     out = write_labelled(open_dataset(root), tmp_path / "out", extra_columns={"n": np.ones(12, dtype=int)})
@@ -314,18 +320,20 @@ def test_write_labelled_keeps_extra_columns_out_of_the_events(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("labels", "config", "message"),
     [
-        ("frame_index,a\n0,1\n1,2\n", "fps: 10\nevents: [a]\n", r"row 3: event 'a' has value '2'"),
-        ("frame_index,a\n0,1\n1.5,0\n", "fps: 10\n", r"row 3: frame_index '1.5' is not a whole number"),
-        ("frame_index,a\n0,1\n" + "9" * 23 + ",0\n", "fps: 10\n", r"row 3: frame_index '9+' is far past any"),
-        ("frame_index,a\n0,1\n1_0,0\n", "fps: 10\n", r"row 3: frame_index '1_0' is not a whole number"),
-        ("frame_index,a\n0,1\n\u0663,0\n", "fps: 10\n", r"row 3: frame_index '\u0663' is not a whole number"),
+        ("frame_index,a\n0,1\n1,2\n", "fps: 10\nevents: [a]\n", r"event 'a' has value '2' on frame 1; event"),
+        ("frame_index,a\n0,1\n1.5,0\n", "fps: 10\n", r"line 3: frame_index '1.5' is not a whole number"),
+        ("frame_index,a\n0,1\n" + "9" * 23 + ",0\n", "fps: 10\n", r"line 3: frame_index '9+' is far past any"),
+        ("frame_index,a\n0,1\n1_0,0\n", "fps: 10\n", r"line 3: frame_index '1_0' is not a whole number"),
+        ("frame_index,a\n0,1\n\u0663,0\n", "fps: 10\n", r"line 3: frame_index '\u0663' is not a whole number"),
+        # Blank lines counted: the line said is the file's (it said row 3 for line 6).
+        ("frame_index,a\n0,1\n\n  \n,\n1.5,0\n", "fps: 10\n", r"line 6: frame_index '1.5' is not"),
         ("frame_index,a\n0,1\n", "fps: .inf\n", r"fps: Input should be a finite number"),
         ("frame_index,a\n0,1\n", "fps: .nan\n", r"fps: Input should be a finite number"),
         ("frame_index,a\n0,1\n0,0\n", "fps: 10\n", "lists frame 0 twice"),
         ("frame_index,a\n-1,1\n", "fps: 10\n", "negative frame_index"),
         ("frame_index,a\n12,1\n40,0\n", "fps: 10\n", r"labels frames 12 to 40, but the video has 12 \(0 to 11\)"),
         ("frame,a\n0,1\n", "fps: 10\n", "first column is 'frame_index'"),
-        ("frame_index,a\n0,1,3\n", "fps: 10\n", "row 2 has 3 fields"),
+        ("frame_index,a\n0,1,3\n", "fps: 10\n", "line 2 has 3 fields"),
         ("frame_index,count\n0,7\n", "fps: 10\n", r"no event column \(.*; 'count' holds '7' on frame 0\)"),
         ("frame_index,car\n0,1\n1,yes\n", "fps: 10\n", "'car' holds 'yes' on frame 1"),
         # The column meant as the event is named, not a count column before it (which was).

@@ -129,6 +129,8 @@ def test_eval_command_prints_the_table_and_writes_json(intel_car: Path, red_filt
         (["--filter", "{red}", "--crf", "99"], "crf: Input should be less than or equal to 51"),
         (["--filter", "{red}", "--tolerance", "-1"], "boundary tolerance must be >= 0 frames, got -1"),
         (["--filter", "{red}", "--json", "{red}"], "is a folder, not a file: give a file path"),
+        # The report was written over the filter's spec, which the next eval then refused.
+        (["--filter", "{red}", "--json", "{red}/spec.json"], "spec.json, which this evaluation reads: write the"),
         (["--filter", "{red}", "--json", "/proc/no-such/report.json"], "report.json cannot be written: /proc "),
     ],
 )

@@ -134,7 +134,8 @@ def test_the_background_drifts_in_brightness(scene: LabelledDataset, pixels: np.
     [
         ({"size": (321, 192)}, "even numbers"),
         ({"size": (32, 32)}, "at least 64"),
-        ({"n_frames": 0}, "at least 1"),
+        ({"n_frames": 0}, "0 frames asked for: give 1 to 100,000"),
+        ({"n_frames": 100_000_001}, "give 1 to 100,000"),  # sat planning its tracks for minutes without a word
         ({"fps": 0.0}, "fps 0.0 does not work: give a frame rate from 1 to 240"),
         ({"fps": float("inf")}, "fps inf does not work"),  # an MP4's rate is a fraction: this crashed
         ({"fps": 1e-9}, "fps 1e-09 does not work"),  # ... and this wrote a 24 fps video

@@ -373,6 +373,15 @@ def test_cli_explains_bad_arguments(
     assert "a windowed MC needs a window of at least 2 frames, got 1: raise --window" in capsys.readouterr().err
     assert main([*base, "--event", "any_object", "--input-size", "100000x100000"]) == 2
     assert "input size 100000x100000 is not valid: each side must be at most 8192" in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--input-size", "99999x99999"]) == 2  # suggested 100000x100000
+    assert "input size 99999x99999 is not valid: each side must be at most 8192" in capsys.readouterr().err
+    assert main([*base, "--event", "any_object", "--steps", "2"]) == 2  # the default filter trained 3, one a member
+    assert "2 step(s) for an ensemble of 3 models (the default filter's): give --steps of at least 3" in (
+        capsys.readouterr().err
+    )
+    for arch in ("full_frame", "auto"):  # kept in the spec, and it did nothing
+        assert main([*base, "--event", "any_object", "--arch", arch, "--window", "3"]) == 2
+        assert "--window is the frames a windowed MC stacks; full_frame reads one frame" in capsys.readouterr().err
     # Every --event is checked before the first is trained: a typo in the last one costs no work and writes nothing.
     assert main([*base, "--event", "any_object", "--event", "cars"]) == 2
     assert f"{tiny.name} has no event 'cars'; its events are " in capsys.readouterr().err
@@ -575,12 +584,13 @@ def test_ensemble_members_side_by_side_train_what_they_would_one_after_another(
     clip: LabelledDataset, base_model: Path
 ) -> None:
     config = TrainConfig(event="any_object", architecture="full_frame", tap="late", input_size=CLIP_SIZE,
-                         frames=(0, 240), steps=60, ensemble=ENSEMBLE)  # fmt: skip
+                         frames=(0, 240), steps=61, ensemble=ENSEMBLE)  # fmt: skip
     data = load_training_data(clip, config, base_model, progress=False)
     with ThreadPoolExecutor(2) as pool:
         model, losses = fit_mc(config, data, progress=False, pool=pool)
     model_alone, losses_alone = fit_mc(config, data, progress=False)
     assert losses == losses_alone  # member after member, as without the pool
+    assert len(losses) == 61  # the steps asked for, shared out (60 before: 20 a member)
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, model_alone.state_dict()[name], rtol=0, atol=0)
 

@@ -14,6 +14,7 @@ from models.mc_kinds import MCWeights
 
 if TYPE_CHECKING:
     from edge.replay import ReplayReport
+    from models.datasets import LabelledDataset
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         check_writable(args.json, "--json", folder=False)
     dataset = open_dataset(args.dataset)
+    if args.json:
+        check_not_read(args.json, dataset, args.filters)
     frames = parse_range(args.frames, dataset.n_frames)
     report = evaluate(
         dataset, args.filters, frames, args.tolerance, args.crf, args.event, args.base_model, weights=args.mc_weights
@@ -74,6 +77,23 @@ def run(args: argparse.Namespace) -> int:
     if args.json:  # into folders made if missing (check_writable allowed them), whole or not at all
         write_atomically(args.json, json.dumps(report.as_dict(), indent=2).encode())
     return 0
+
+
+def check_not_read(report: Path, dataset: LabelledDataset, bundles: list[Path]) -> None:
+    """Refuse a report path that is a file this evaluation reads: `--json b1/spec.json` wrote the report over the
+    filter's spec, and `--json clip/labels.csv` would over the labels."""
+    from models.bundle import MODEL_FILE, SPEC_FILE
+    from models.datasets.labelled import CONFIG_FILE, LABELS_FILE
+    from models.errors import FilterForwardError
+
+    read = [dataset.root / LABELS_FILE, dataset.root / CONFIG_FILE, dataset.source]
+    read += [bundle / name for bundle in bundles for name in (SPEC_FILE, MODEL_FILE)]
+    target = report.resolve()
+    for path in read:
+        if target == path.resolve() or target.is_relative_to(path.resolve()):
+            raise FilterForwardError(
+                f"--json {report} is {path}, which this evaluation reads: write the report elsewhere"
+            )
 
 
 def format_report(report: ReplayReport) -> str:

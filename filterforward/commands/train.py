@@ -104,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "TOTAL_STEPS[:DIFFICULTY_STEP], fixed_root:MIN:MAX:TOTAL_STEPS:ROOT_DEGREE[:DIFFICULTY_STEP] or "
         "fixed_discrete:D1,D2,..:LAST_STEP1,.. ; e.g. window:fixed_linear:2:5:100",
     )
-    parser.add_argument("--window", type=int, default=5, help="frames a windowed MC stacks (default 5)")
+    parser.add_argument("--window", type=int, help="frames a windowed MC stacks (default 5)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--threads", type=int, default=1, help=THREADS_HELP)
     parser.add_argument("--name", help="filter name (default: EVENT-ARCH)")
@@ -199,7 +199,7 @@ def _config(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> T
         batch_size=args.batch_size,
         lr=args.lr,
         seed=args.seed,
-        window=args.window,
+        window=TrainConfig.window if args.window is None else args.window,
         optimizer=args.optimizer,
         curricula=tuple(parse_curriculum(text) for text in args.curriculum),
         name=args.name,
@@ -207,6 +207,11 @@ def _config(args: argparse.Namespace, dataset: LabelledDataset, event: str) -> T
         scales=parse_scales(args.scales) if args.scales else (),
         mirror=args.mirror,
     )
+    if args.window is not None and not config.kind.windowed:  # it was kept in the spec, and did nothing
+        raise FilterForwardError(
+            f"--window is the frames a windowed MC stacks; {config.architecture} reads one frame: drop --window or "
+            "give --arch windowed"
+        )
     if args.arch == AUTO:
         checked_candidates(dataset, config)
     else:

@@ -325,8 +325,8 @@ class Table(NamedTuple):
 
 
 def read_table(path: Path) -> Table:
-    header, rows = _read_csv(path)
-    return Table(path, header, rows, _frame_indices(path, rows))
+    header, rows, lines = _read_csv(path)
+    return Table(path, header, rows, _frame_indices(path, rows, lines))
 
 
 def read_labels(table: Table, n_frames: int, events: list[str] | None = None) -> dict[str, np.ndarray]:
@@ -375,7 +375,7 @@ def read_labels(table: Table, n_frames: int, events: list[str] | None = None) ->
         )
     labels = {}
     for name in names:
-        values = _event_values(path, name, columns[name])
+        values = _event_values(path, name, columns[name], frame_index)
         labels[name] = np.full(n_frames, UNCERTAIN, dtype=np.int8)
         labels[name][frame_index[inside]] = values[inside]
     return labels
@@ -400,10 +400,14 @@ def read_camera_frames(table: Table, n_frames: int) -> np.ndarray | None:
     return frames
 
 
-def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]], list[int]]:
+    """The header, the rows and each row's line in the file; blank lines (spaces or empty cells only: a
+    spreadsheet's empty row) are left out."""
     try:
         with path.open(newline="", encoding="utf-8-sig") as handle:  # -sig: spreadsheets may prepend a BOM
-            table = [[cell.strip() for cell in row] for row in csv.reader(handle) if row]
+            reader = csv.reader(handle)
+            read = [([cell.strip() for cell in row], reader.line_num) for row in reader]
+            table, lines = [row for row, _ in read if any(row)], [line for row, line in read if any(row)]
     except UnicodeDecodeError as exc:
         line = path.read_bytes()[: exc.start].count(b"\n") + 1
         raise FilterForwardError(
@@ -415,13 +419,13 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
         raise FilterForwardError(
             f"{path} must start with a header whose first column is {FRAME_INDEX!r}{found}{separator}"
         )
-    header, rows = table[0], table[1:]
+    header, rows, lines = table[0], table[1:], lines[1:]
     if len(set(header)) != len(header):
         raise FilterForwardError(f"{path} repeats a column name in its header: give each column its own name")
-    for number, row in enumerate(rows, start=2):
+    for line, row in zip(lines, rows, strict=True):
         if len(row) != len(header):
-            raise FilterForwardError(f"{path} row {number} has {len(row)} fields, the header {len(header)}: fix it")
-    return header, rows
+            raise FilterForwardError(f"{path} line {line} has {len(row)} fields, the header {len(header)}: fix it")
+    return header, rows, lines
 
 
 def _first_non_event_value(columns: dict[str, list[str]], frame_index: np.ndarray) -> str:
@@ -443,7 +447,7 @@ def _why_not_an_event(path: Path, column: str) -> str:
     """Why labels.csv's column of this name is no event ('' when the file or the column is not there)."""
     if not path.is_file():
         return ""
-    header, rows = _read_csv(path)
+    header, rows, _ = _read_csv(path)
     if column not in header:
         return ""
     position = header.index(column)
@@ -463,17 +467,17 @@ _WHOLE_NUMBER = re.compile(r"^\s*-?[0-9]+\s*$")  # ASCII digits: int() also read
 _MAX_FRAME_DIGITS = 18  # int64
 
 
-def _frame_indices(path: Path, rows: list[list[str]]) -> np.ndarray:
+def _frame_indices(path: Path, rows: list[list[str]], lines: list[int]) -> np.ndarray:
     indices = np.empty(len(rows), dtype=np.int64)
-    for number, row in enumerate(rows, start=2):
+    for number, (line, row) in enumerate(zip(lines, rows, strict=True)):
         text = row[0]
         if not _WHOLE_NUMBER.match(text):
             raise FilterForwardError(
-                f"{path} row {number}: {FRAME_INDEX} {text!r} is not a whole number: use 0-based frame numbers"
+                f"{path} line {line}: {FRAME_INDEX} {text!r} is not a whole number: use 0-based frame numbers"
             )
         if len(text.strip().lstrip("-")) > _MAX_FRAME_DIGITS:
-            raise FilterForwardError(f"{path} row {number}: {FRAME_INDEX} {text!r} is far past any video's frames")
-        indices[number - 2] = int(text)
+            raise FilterForwardError(f"{path} line {line}: {FRAME_INDEX} {text!r} is far past any video's frames")
+        indices[number] = int(text)
     if (indices < 0).any():
         raise FilterForwardError(f"{path} has a negative {FRAME_INDEX}: use 0-based decoded frame numbers")
     unique, counts = np.unique(indices, return_counts=True)
@@ -482,11 +486,12 @@ def _frame_indices(path: Path, rows: list[list[str]]) -> np.ndarray:
     return indices
 
 
-def _event_values(path: Path, name: str, values: list[str]) -> np.ndarray:
+def _event_values(path: Path, name: str, values: list[str], frame_index: np.ndarray) -> np.ndarray:
     bad = _first_non_label(values)
     if bad is not None:
         raise FilterForwardError(
-            f"{path} row {bad + 2}: event {name!r} has value {values[bad]!r}; event columns hold 0, 1 or -1 (uncertain)"
+            f"{path}: event {name!r} has value {values[bad]!r} on frame {frame_index[bad]}; event columns hold 0, 1 or "
+            "-1 (uncertain)"
         )
     return np.asarray(values, dtype=np.int64).astype(np.int8)
 

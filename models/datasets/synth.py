@@ -50,6 +50,7 @@ EPISODES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 MIN_SIZE = 64  # pixels, each side
 MIN_FPS, MAX_FPS = 1, 240  # frames per second
+MAX_FRAMES = 100_000  # almost two hours at 15 fps: longer clips only sat planning their tracks, silently
 NOISE_SIGMA = 3.0  # grey levels of per-frame sensor noise
 # Tuned so that at 600 frames each event is positive on ~10-30% of frames (any_object ~40%) and recurs 3-7 times.
 GAP = (30, 70)  # empty frames between episodes
@@ -118,8 +119,8 @@ def _check_args(n_frames: int, size: tuple[int, int], fps: float, seed: int) -> 
     width, height = size
     if width < MIN_SIZE or height < MIN_SIZE or width % 2 or height % 2:
         raise FilterForwardError(f"size {width}x{height} does not work: use even numbers, each at least {MIN_SIZE}")
-    if n_frames < 1:
-        raise FilterForwardError(f"{n_frames} frames asked for: give at least 1")
+    if not 1 <= n_frames <= MAX_FRAMES:
+        raise FilterForwardError(f"{n_frames} frames asked for: give 1 to {MAX_FRAMES:,}")
     if not MIN_FPS <= fps <= MAX_FPS:  # an MP4's rate is a fraction: 1e-9 or inf cannot be one
         raise FilterForwardError(f"fps {fps} does not work: give a frame rate from {MIN_FPS} to {MAX_FPS}")
     if seed < 0:
