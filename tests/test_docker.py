@@ -139,7 +139,9 @@ class Stack:
 
     def __init__(self, engine: DockerEngine, path: Path, env: dict[str, str], folder: Path, *profiles: str) -> None:
         self.engine = engine
-        self.env = {**engine.env, "FF_TAG": TAG, **env}
+        # docker-compose 1.x gives up on a Docker API call after 60 s: removing a container on the vfs storage
+        # driver of a loaded CI machine took longer (compose down failed after the test had passed).
+        self.env = {**engine.env, "FF_TAG": TAG, "COMPOSE_HTTP_TIMEOUT": "300", **env}
         command = compose_command(self.env)
         assert command is not None, "neither `docker compose` nor docker-compose is installed"
         folder.mkdir(parents=True, exist_ok=True)
