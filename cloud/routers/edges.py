@@ -39,13 +39,13 @@ def get_edge(edge_id: str, session: SessionDep, config: ConfigDep, last_heard: L
 
 
 @router.delete("/edges/{edge_id}", status_code=204, dependencies=[Depends(require("write"))], responses=errors(409))
-def forget_edge(edge_id: str, request: Request, config: ConfigDep, last_heard: LastHeardDep) -> None:
+def forget_edge(
+    edge_id: str, request: Request, session: SessionDep, config: ConfigDep, last_heard: LastHeardDep
+) -> None:
     """Forget an edge that is gone for good (decommissioned, renamed): it and its cameras leave the lists, and the
     base model it last reported no longer refuses filters; its events and frames stay. 409 while it is online: its
     next message would bring it back."""
-    storage = request.app.state.services.storage
-    with request.app.state.services.sessions() as session:
-        edge = session.get(Edge, edge_id)
+    edge = session.get(Edge, edge_id)
     if edge is None:
         raise not_found(f"no edge '{edge_id}' has connected: list the known edges with GET /api/edges")
     last_seen = last_heard.latest(edge_id, edge.last_seen)
@@ -55,7 +55,7 @@ def forget_edge(edge_id: str, request: Request, config: ConfigDep, last_heard: L
             f"edge '{edge_id}' is online (last heard {last_seen:%Y-%m-%d %H:%M:%S} UTC): stop it first, or it comes "
             "back with its next message",
         )
-    storage.forget_edge(edge_id)
+    request.app.state.services.storage.forget_edge(edge_id)
 
 
 @router.get("/cameras")

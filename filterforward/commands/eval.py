@@ -90,7 +90,7 @@ def check_not_read(report: Path, dataset: LabelledDataset, bundles: list[Path]) 
     read += [bundle / name for bundle in bundles for name in (SPEC_FILE, MODEL_FILE)]
     target = report.resolve()
     for path in read:
-        if target == path.resolve() or target.is_relative_to(path.resolve()):
+        if target.is_relative_to(path.resolve()):  # the file itself, or inside an image folder
             raise FilterForwardError(
                 f"--json {report} is {path}, which this evaluation reads: write the report elsewhere"
             )
