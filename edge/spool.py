@@ -20,7 +20,8 @@ The spool is bounded in bytes: an append that takes it over `max_bytes` drops th
 counts them in `dropped`; a warning says how many (one per DROP_REPORT_INTERVAL while it keeps dropping,
 and the rest at close). Messages appended with `keep` (events, a clip filter's with its clip, and footage: few, and what
 a lost one breaks stays broken, an event open for good or a dataset that never completes) go only after every other
-message: the oldest matched frames and stream fragments are dropped first.
+message: the oldest matched frames and stream fragments are dropped first. SQLite keeps the pages of deleted
+messages for reuse; once a backlog has been acknowledged and the spool is empty, they go back to the disk.
 
 A full disk is handled by the same rule. On a disk with less than DISK_HEADROOM bytes free an append first
 drops the oldest messages worth a little more than its own size, so the file stops growing and the new
@@ -53,6 +54,7 @@ FILE_NAME = "spool.sqlite"
 DAMAGED = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}  # a file SQLite cannot read as a database
 DROP_REPORT_INTERVAL = 30.0  # seconds between warnings while a full spool keeps dropping
 DISK_HEADROOM = 8 * 2**20  # bytes the spool leaves free on its disk: SQLite's WAL (~4 MB) and a checkpoint
+SHRINK_FREE = 16 * 2**20  # an emptied spool with more free pages than this gives them back (VACUUM)
 DROP_SLACK = 2**16  # a drop for disk space frees this much more than the new message needs: no page-count creep
 Frames = list[bytes]
 Mark = tuple[str, int]  # (key, value): a sender's progress, stored with its message
@@ -181,6 +183,8 @@ class Spool:
                     return 0
             self._messages -= removed
             self._bytes -= freed
+            if not self._messages:
+                self._shrink()
         return removed
 
     def mark(self, key: str) -> int | None:
@@ -268,6 +272,28 @@ class Spool:
         self._bytes -= dropped.freed
         self.dropped += dropped.count
 
+    def _shrink(self) -> None:
+        """Give an emptied spool's free pages back to the disk once they are many (a backlog from an outage was
+        acknowledged): SQLite reuses free pages but never returns them, so the file kept its peak size for good.
+        With no message left VACUUM rewrites only the meta table, and the checkpoint truncates file and WAL."""
+        free = self._free_page_bytes()
+        if free < SHRINK_FREE:
+            return
+        try:
+            self._db.execute("VACUUM")
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.OperationalError as exc:  # best effort: the file keeps its pages, which appends reuse
+            log.debug("spool %s: not shrunk: %s", self.path, exc)
+            return
+        log.info("spool %s: emptied, gave %d MB of free pages back to the disk", self.path, free >> 20)
+
+    def _free_page_bytes(self) -> int:
+        """Bytes in the file's free pages: deleted messages' space, which SQLite reuses before growing the file."""
+        pages, page_size = (
+            self._db.execute(f"PRAGMA {name}").fetchone()[0] for name in ("freelist_count", "page_size")
+        )
+        return pages * page_size
+
     # -- a full disk ------------------------------------------------------------------------------------------
 
     def _disk_low(self, size: int) -> bool:
@@ -282,10 +308,7 @@ class Spool:
         """Drop the oldest messages (in their own transaction) until the file's free pages hold `size` bytes and
         some slack, so the new message reuses them; nothing when the whole spool would not make that room."""
         self._full_disk_episode()
-        pages, page_size = (
-            self._db.execute(f"PRAGMA {name}").fetchone()[0] for name in ("freelist_count", "page_size")
-        )
-        needed = size + DROP_SLACK - pages * page_size
+        needed = size + DROP_SLACK - self._free_page_bytes()
         if needed <= 0 or needed > self._bytes:
             return
         try:

@@ -113,6 +113,29 @@ def test_after_and_ack_in_seq_order(tmp_path: Path) -> None:
     spool.close()
 
 
+def test_an_emptied_spool_gives_its_free_pages_back_to_the_disk(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A backlog from an outage grew the file to its peak, and it stayed that size once every message was acked."""
+    spool = Spool(tmp_path, 10**9)
+    seqs = [spool.append(message(2**20), mark=("footage", n)) for n in range(40)]
+    size = (tmp_path / FILE_NAME).stat().st_size + (tmp_path / (FILE_NAME + "-wal")).stat().st_size
+    assert size > 40 * 2**20
+    spool.ack(seqs[:39])  # one left: its pages and the free ones stay, for the next appends to reuse
+    assert sum(f.stat().st_size for f in tmp_path.glob(FILE_NAME + "*")) > 39 * 2**20
+    with caplog.at_level("INFO", logger="edge.spool"):
+        assert spool.ack(seqs[39:]) == 1
+    assert sum(f.stat().st_size for f in tmp_path.glob(FILE_NAME + "*")) < 2**20
+    assert "emptied, gave" in caplog.text
+    assert spool.mark("footage") == 39  # marks and the next seq are kept
+    next_seq = spool.append(message())
+    assert next_seq == seqs[-1] + 1
+    spool.close()
+    reopened = Spool(tmp_path, 10**9)
+    assert (reopened.messages, reopened.last_seq, reopened.mark("footage")) == (1, next_seq, 39)
+    reopened.close()
+
+
 def test_over_the_byte_bound_the_oldest_are_dropped_counted_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -489,6 +490,32 @@ def test_cli_trains_one_mc_per_event_from_one_feature_pass(
     assert not any((tmp_path / "blue_present-full_frame").iterdir())  # the first event was not trained
     assert main([*argv, "--force"]) == 0
     assert (tmp_path / "any_object-full_frame" / "model.onnx").stat().st_mtime_ns != written
+
+
+def test_each_events_bundle_folder_is_named_like_its_filter(
+    tiny: LabelledDataset, base_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The default kind wrote OUT/<event>-auto, holding a filter named <event>-full_frame."""
+    argv = ["train", str(tiny.root), "--event", "blue_present", "--event", "any_object", "--frames", "0:40"]
+    argv += ["--base-model", str(base_model), "--out", str(tmp_path)]
+    (tmp_path / "any_object-full_frame").mkdir()
+    (tmp_path / "any_object-full_frame" / "spec.json").write_text("{}")
+    assert main(argv) == 2  # refused before any training: the folder of the filter it would write is taken
+    assert f"{tmp_path / 'any_object-full_frame'} already holds a filter bundle" in capsys.readouterr().err
+    # Two events whose filter names are the same would write one folder twice.
+    twin = tmp_path / "twin"
+    shutil.copytree(tiny.root, twin)
+    labels = (twin / "labels.csv").read_text().splitlines()
+    column = labels[0].split(",").index("blue_present")
+    rows = [",".join([*row.split(","), row.split(",")[column]]) for row in labels[1:]]
+    (twin / "labels.csv").write_text("\n".join([labels[0] + ",Blue_Present", *rows]) + "\n")
+    spec = (twin / "dataset.yaml").read_text()
+    (twin / "dataset.yaml").write_text(spec.replace("any_object]", "any_object, Blue_Present]"))
+    argv = ["train", str(twin), "--event", "blue_present", "--event", "Blue_Present", "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    expected = "events blue_present, Blue_Present give filters of the same name: train them one --event at a time"
+    assert expected in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_default_training_chooses_the_kind_by_cross_validation(

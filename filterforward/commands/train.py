@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--event",
         action="append",
         help="label column to learn (default: the dataset's only event); repeat to train one MC per event, "
-        "each written to OUT/<event>-<arch>, reusing the cached base-DNN features of the same tap and ROI",
+        "each written to OUT/<filter name> (<event>-<kind>), reusing the cached base-DNN features of the same tap "
+        "and ROI",
     )
     add_arch_option(parser)
     parser.add_argument(
@@ -158,14 +159,25 @@ def _train(args: argparse.Namespace) -> int:
     events = _events(args.event, dataset)
     if len(events) > 1 and args.name:
         raise FilterForwardError("--name names one filter: drop it when training several --event at once")
-    outs = {event: args.out if len(events) == 1 else args.out / f"{event}-{args.arch}" for event in events}
+    configs = {event: _config(args, dataset, event) for event in events}  # each checked before any is trained
+    # several events: each bundle's folder is named like the filter inside it (the kind `auto` trains, not "auto")
+    outs = {event: args.out if len(events) == 1 else args.out / _filter_name(configs[event]) for event in events}
+    if len(set(outs.values())) < len(outs):
+        raise FilterForwardError(
+            f"events {', '.join(events)} give filters of the same name: train them one --event at a time, with --name"
+        )
     if not args.force:  # every one before the first is trained: minutes of work, then a refusal, is worse
         for out in outs.values():
             check_no_bundle(out)
-    configs = {event: _config(args, dataset, event) for event in events}  # each checked before any is trained
     for event, out in outs.items():
         _train_one(args, dataset, configs[event], out)
     return 0
+
+
+def _filter_name(config: TrainConfig) -> str:
+    from models.training import default_name
+
+    return default_name(config.event, config.architecture)
 
 
 def check_no_bundle(out: Path) -> None:
