@@ -18,7 +18,7 @@ from datetime import timedelta
 from http import HTTPStatus
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException, Request, params, status
+from fastapi import Depends, FastAPI, HTTPException, Request, params, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
@@ -43,7 +43,7 @@ from cloud.metrics import ServiceCollector
 from cloud.notify import Notifier
 from cloud.publisher import Publisher
 from cloud.registry import Registry, RegistryError
-from cloud.routers import datasets, edges, events, feedback, filters, stats, training
+from cloud.routers import datasets, edges, events, feedback, filters, no_nul_bytes, stats, training
 from cloud.schemas import Health, errors
 from cloud.storage import Storage
 from cloud.training import renew_leases
@@ -87,12 +87,16 @@ def create_app(config: CloudConfig, services: Services) -> FastAPI:
     app.state.config = config
     app.state.services = services
     for module in (filters, edges, events, stats, datasets, training, feedback):
-        app.include_router(module.router, prefix="/api")
+        app.include_router(module.router, prefix="/api", dependencies=[Depends(no_nul_bytes)])
     app.add_exception_handler(RegistryError, _registry_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(status.HTTP_404_NOT_FOUND, _not_found)
     app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
-    app.add_api_route("/healthz", healthz, methods=["GET", "HEAD"], tags=["service"], responses=errors(503))
+    for method in ("GET", "HEAD"):  # one route each: a shared one gave both the same OpenAPI operationId
+        app.add_api_route(
+            "/healthz", healthz, methods=[method], tags=["service"], responses=errors(503),
+            operation_id=f"healthz_{method.lower()}",
+        )  # fmt: skip
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["service"], response_class=Response)
     app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
     app.mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,17 @@ class TokenConfig(BaseModel):
     name: str = Field(min_length=1, max_length=64, description="who holds it (for logs)")
     token: str = Field(min_length=16, description="the secret; use ${ENV} rather than writing it here")
     scopes: list[Scope] = Field(default_factory=lambda: ["read"], min_length=1)
+
+    @field_validator("token")
+    @classmethod
+    def _sendable(cls, value: str) -> str:
+        """A space at either end (say, in .env) or a non-ASCII character made a token no request could match."""
+        if not re.fullmatch(r"[!-~]+", value):
+            raise ValueError(
+                "a token can only hold printable ASCII characters with no spaces (an HTTP header carries no other): "
+                "check for a space at its ends"
+            )
+        return value
 
 
 class ZmqConfig(BaseModel):

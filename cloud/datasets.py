@@ -9,9 +9,11 @@ The ingest calls `footage_message` (inside its batch transaction: stored once pe
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import secrets
+import statistics
 import struct
 import threading
 from collections.abc import Iterable, Sequence
@@ -34,6 +36,7 @@ from models.roi import polygon_errors
 log = logging.getLogger(__name__)
 
 JPEG_QUALITY = 90
+OUTAGE = 1.0  # seconds without a frame, beyond the step between frames, that a complete dataset's message reports
 MAX_UPLOAD_FRAMES = 20_000  # frames an uploaded clip may add: a bigger one is refused, not cut short silently
 # JPEG start-of-frame markers (baseline, progressive, ...: all but DHT 0xC4, JPG 0xC8 and DAC 0xCC): width, height
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
@@ -402,9 +405,10 @@ class Datasets:
                 row.height, row.width = cv2.imdecode(np.frombuffer(payload, np.uint8), 0).shape
         if row.status in ("requested", "recording") and row.expected is not None and row.frames >= row.expected:
             row.status = "complete"
+            timestamps = list(session.scalars(select(DatasetFrame.timestamp).where(DatasetFrame.dataset == row.name)))
             if not row.fps:  # every frame was asked for: the camera's rate
-                timestamps = session.scalars(select(DatasetFrame.timestamp).where(DatasetFrame.dataset == row.name))
-                row.fps = _rate(list(timestamps))
+                row.fps = _rate(timestamps)
+            row.message = _outage_note(row, timestamps)
             return row.name
         return None
 
@@ -503,6 +507,24 @@ def _jpeg(image: np.ndarray) -> bytes:
     if not ok:
         raise DatasetError(422, "a frame of the upload could not be encoded as JPEG: send another file")
     return encoded.tobytes()
+
+
+def _outage_note(row: Dataset, timestamps: list[float]) -> str:
+    """What a complete footage dataset lacks: the seconds of its span the camera sent no frame for (it was offline,
+    and the edge counts that time as recorded), or ""."""
+    if row.frames >= row.max_frames or len(timestamps) < 1:
+        return ""
+    ordered = sorted(timestamps)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(ordered)]
+    step = row.every or (statistics.median(gaps) if gaps else 0.0)
+    tail = row.duration - (ordered[-1] - ordered[0])  # from the last frame to the end of the span asked for
+    missing = sum(max(0.0, gap - step) for gap in [*gaps, tail])
+    if missing < max(OUTAGE, 2 * step):
+        return ""
+    return (
+        f"the camera sent no frames for {missing:.1f} s of the {row.duration:g} s asked for (it was offline?): "
+        f"{row.frames} frame(s) recorded; request more footage for the rest"
+    )
 
 
 def _rate(timestamps: list[float]) -> float:

@@ -259,7 +259,7 @@ class Dataset(Base):
     duration: Mapped[float] = mapped_column(Float, default=0.0, doc="footage: seconds of stream time covered")
     max_frames: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16), doc="requested | recording | complete | refused")
-    message: Mapped[str] = mapped_column(Text, default="", doc="why it was refused")
+    message: Mapped[str] = mapped_column(Text, default="", doc="why it was refused, or what its footage lacks")
     frames: Mapped[int] = mapped_column(Integer, default=0, doc="frames stored")
     expected: Mapped[int | None] = mapped_column(Integer, doc="frames the edge recorded (known when it is done)")
     fps: Mapped[float] = mapped_column(Float, default=0.0, doc="the frame rate training assumes")

@@ -83,12 +83,33 @@ def parse_config(path: Path) -> ConfigDocument:
 
 def validate(document: ConfigDocument, model: type[Config]) -> Config:
     try:
-        return model.model_validate(document.data, context={"base": document.path.parent})
+        config = model.model_validate(document.data, context={"base": document.path.parent})
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         # A misspelt required key is both unknown and missing: name the misspelling, which is what to fix.
         first = next((error for error in errors if _meant(error, model)), errors[0])
         raise document.error(first["loc"], _message(first, model)) from None
+    if (loc := _bool_read_as_number(document.data, config, ())) is not None:
+        raise document.error(loc, "should be a number, not true or false")
+    return config
+
+
+def _bool_read_as_number(raw: Any, parsed: Any, loc: Loc) -> Loc | None:
+    """Where a YAML true/false became a number: pydantic's lax mode reads `fps: true` as 1 and `resolution:
+    [true, true]` as 1x1 pixels, which then ran. Walks the file's data beside the validated config."""
+    if isinstance(raw, bool):
+        return None if isinstance(parsed, bool) else loc
+    if isinstance(raw, dict):
+        values = parsed if isinstance(parsed, dict) else getattr(parsed, "__dict__", {})
+        pairs = [(key, value, values[key]) for key, value in raw.items() if key in values]
+    elif isinstance(raw, list) and isinstance(parsed, list | tuple) and len(raw) == len(parsed):
+        pairs = list(zip(range(len(raw)), raw, parsed, strict=True))
+    else:
+        return None
+    return next(
+        (found for key, value, read in pairs if (found := _bool_read_as_number(value, read, (*loc, key))) is not None),
+        None,
+    )
 
 
 def located_error(path: Path, line: int, loc: Loc, message: str) -> FilterForwardError:

@@ -100,6 +100,12 @@ class CameraConfig(CameraSettings):
     name: str = Field(pattern=ID_PATTERN)
     source: str = Field(min_length=1, description="video file, image folder, dataset folder, rtsp/http URL or device")
 
+    @field_validator("source", mode="before")
+    @classmethod
+    def _device_number(cls, source: object) -> object:
+        """`source: 0` (a device, as the example file's comment shows) is YAML's integer 0, not the text."""
+        return str(source) if isinstance(source, int) and not isinstance(source, bool) and source >= 0 else source
+
     @field_validator("source")
     @classmethod
     def _relative_to_file(cls, source: str, info: ValidationInfo) -> str:

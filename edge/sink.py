@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import secrets
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -41,12 +43,15 @@ class Sink(Protocol):
 
 
 class FolderSink:
-    """frames/<camera>/<index>.jpg, clips/<event>.mp4, stream/<camera>/<gop>-<first index>.h264 (a fragment's
-    access units: a GOP's files concatenated in name order play as raw H.264) and one JSON line per frame,
-    event change or fragment."""
+    """frames/<camera>/<run>/<index>.jpg, clips/<run>/<event>.mp4, stream/<camera>/<run>/<gop>-<first index>.h264
+    (a fragment's access units: a GOP's files concatenated in name order play as raw H.264) and one JSON line per
+    frame, event change or fragment, each with its run. A run is one start of the edge, named by its start time:
+    frame indexes and event ids start again with every start (a live camera counts from 0), so without it a restart
+    wrote over the frames and clips of the one before."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        self.run = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"  # sorts by time; two starts a second
         try:
             (self.root / "frames").mkdir(parents=True, exist_ok=True)
             (self.root / "clips").mkdir(exist_ok=True)
@@ -57,13 +62,12 @@ class FolderSink:
                 "user can write"
             ) from None
         self._lock = threading.Lock()  # cameras run in their own threads
+        log.info("sink %s: this start's files go in its run folders, %s", self.root, self.run)
 
     def frame(self, matched: MatchedFrame) -> None:
         record = {k: v for k, v in asdict(matched).items() if k != "jpeg"}
-        folder = self.root / "frames" / safe_name(matched.camera)
-        path = folder / f"{matched.index:08d}.jpg"
+        path = self.root / "frames" / safe_name(matched.camera) / self.run / f"{matched.index:08d}.jpg"
         if matched.jpeg:
-            folder.mkdir(exist_ok=True)
             write_atomically(path, matched.jpeg)
         # No JPEG: sent before (another filter's match of the same frame), or clip-only filters.
         record["file"] = str(path.relative_to(self.root)) if path.exists() else None
@@ -72,14 +76,15 @@ class FolderSink:
     def event(self, kind: Literal["start", "end"], event: Event, clip: bytes | None = None) -> None:
         record = {"type": f"event_{kind}", **asdict(event)}
         if clip:
-            path = self.root / "clips" / f"{safe_name(event.id)}.mp4"
+            path = self.root / "clips" / self.run / f"{safe_name(event.id)}.mp4"
             write_atomically(path, clip)
             record["clip"] = str(path.relative_to(self.root))
         self._write(record)
 
     def fragment(self, camera: str, fragment: Fragment) -> None:
         header = fragment.header
-        path = self.root / "stream" / safe_name(camera) / f"{header.gop:06d}-{header.frames[0].index:08d}.h264"
+        name = f"{header.gop:06d}-{header.frames[0].index:08d}.h264"
+        path = self.root / "stream" / safe_name(camera) / self.run / name
         write_atomically(path, b"".join(fragment.units))
         frames = [entry.index for entry in header.frames]
         self._write(
@@ -94,7 +99,7 @@ class FolderSink:
         )
 
     def _write(self, record: dict) -> None:
-        line = (json.dumps(record) + "\n").encode()
+        line = (json.dumps({**record, "run": self.run}) + "\n").encode()
         with self._lock:
             position = self._log.tell()
             try:

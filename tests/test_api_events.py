@@ -244,6 +244,17 @@ def test_ids_beyond_64_bits_are_refused(scene: Scene, path: str) -> None:
 
 
 @pytest.mark.parametrize(
+    "url", ["/api/events?camera=%00", "/api/events?filter=a%00b", "/api/edges/a%00b", "/api/filters/a%00b"]
+)
+def test_a_nul_byte_in_a_name_is_refused_on_either_database(scene: Scene, url: str) -> None:
+    """PostgreSQL's text holds no NUL: its driver raised and the API answered 500 (SQLite found nothing)."""
+    with scene.server.client(READ_ONLY) as client:
+        response = client.get(url)
+    assert response.status_code == 422
+    assert "holds a NUL byte (%00): no name or value here can contain one" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
     ("params", "status", "detail"),
     [
         ({"cursor": "not-a-cursor"}, 400, "cursor is not one this API returned"),

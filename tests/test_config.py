@@ -112,6 +112,38 @@ def test_numbers_out_of_any_sensible_range_are_refused_at_load(tmp_path: Path, s
     assert f", line 10: {message}" in error and "\n" not in error, error  # the setting's line
 
 
+def test_true_or_false_is_no_number(tmp_path: Path) -> None:
+    """pydantic's lax mode read `resolution: [true, true]` as 1x1 pixels (the edge then ran on them), `fps: true` as
+    1 frame/s and the cloud's `port: true` as port 1."""
+    message = edge_error(tmp_path, EDGE.replace("[32, 24]", "[true, true]"))
+    assert message.endswith(", line 13: cameras.1.resolution.0: should be a number, not true or false")
+    message = edge_error(tmp_path, EDGE.replace("fps: 8", "fps: yes"))  # YAML 1.1's yes is true
+    assert message.endswith(", line 4: defaults.fps: should be a number, not true or false")
+    message = edge_error(tmp_path, EDGE + "metrics_port: false\n")
+    assert message.endswith(", line 14: metrics_port: should be a number, not true or false")
+    edge = load_edge_config(write(tmp_path, EDGE + "cloud: {address: c, insecure: true}\n"))
+    assert edge.cloud is not None and edge.cloud.insecure is True  # a true where one belongs
+    cloud = write(
+        tmp_path, "tokens: [{name: ops, token: '%s'}]\nzmq: {insecure: true}\nport: true\n" % ("x" * 20), "cloud.yaml"
+    )
+    with pytest.raises(FilterForwardError, match=r", line 3: port: should be a number, not true or false$"):
+        load_cloud_config(cloud)
+
+
+@pytest.mark.parametrize("token", ["spacey-token-0123456789 ", "ünïcode-token-0123456789", "tab\tin-the-token-01234"])
+def test_a_token_no_request_could_carry_is_refused(tmp_path: Path, token: str) -> None:
+    """They passed the check, then every request with them got 401 "unknown token"."""
+    cloud = write(tmp_path, f"tokens: [{{name: ops, token: {json.dumps(token)}}}]\nzmq: {{insecure: true}}\n", "c.yaml")
+    with pytest.raises(FilterForwardError, match=r", line 1: tokens.0.token: a token can only hold printable ASCII"):
+        load_cloud_config(cloud)
+
+
+def test_a_device_number_needs_no_quotes(tmp_path: Path) -> None:
+    config = load_edge_config(write(tmp_path, EDGE.replace("source: gate.mp4", "source: 0")))
+    assert config.cameras[0].source == "0"  # a device, not a file named 0 beside the config
+    assert "Input should be a valid string" in edge_error(tmp_path, EDGE.replace("source: gate.mp4", "source: 1.5"))
+
+
 def test_load_time_checks_say_what_is_wrong(tmp_path: Path) -> None:
     message = edge_error(tmp_path, EDGE.replace("name: yard", "name: gate"))
     assert ", line 6: cameras: camera name 'gate' is used more than once" in message

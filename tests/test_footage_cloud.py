@@ -4,6 +4,7 @@ edge over its link, the frames come back over the uplink exactly once, and the d
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -133,3 +134,39 @@ def test_footage_completed_by_a_frame_resent_after_its_done_message(tmp_path: Pa
     assert camera_frames.tolist() == [40, 41, 42]  # every frame, the resent one included
     assert f"fps: {FPS}" in (folder / "dataset.yaml").read_text()
     assert storage.store_many([footage(3, 2)]).completed == []  # a duplicate completes nothing again
+
+
+def test_footage_cut_short_by_a_camera_outage_says_so(tmp_path: Path) -> None:
+    """The camera went offline 2 s into a 10 s request and came back after it: the edge counts that time as
+    recorded, so the dataset was complete with 5 frames of the 20 asked for and nothing saying why."""
+    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
+    datasets = Datasets(sessions, DatasetFolders(tmp_path / "datasets"))
+    storage = Storage(sessions, FrameStore(tmp_path / "store"), datasets)
+    jpeg = cv2.imencode(".jpg", np.zeros((48, 64, 3), np.uint8))[1].tobytes()
+    seqs = itertools.count(1)  # the cloud stores a message once per (edge, seq)
+
+    def record(name: str, times: list[float]) -> Dataset:
+        with sessions.begin() as session:
+            session.add(Dataset(name=name, source="footage", status="recording", edge_id=EDGE, camera=CAMERA,
+                                request=f"{name}-1a2b", every=0.5, duration=10.0, max_frames=20, fps=2.0,
+                                regions={}))  # fmt: skip
+
+        def header(**fields: object) -> FootageHeader:
+            return FootageHeader(edge=EDGE, run="r", seq=next(seqs), request=f"{name}-1a2b", camera=CAMERA, **fields)
+
+        messages = [Message(EDGE, header(number=n, frame=n, timestamp=time), jpeg) for n, time in enumerate(times)]
+        done = header(number=len(times), done=True, frames=len(times), payload="none")
+        assert storage.store_many([*messages, Message(EDGE, done, b"")]).completed == [name]
+        with sessions() as session:
+            return datasets.get(session, name)
+
+    cut = record("cut", [0.0, 0.5, 1.0, 1.5, 2.0])
+    assert (cut.status, cut.frames) == ("complete", 5)
+    assert cut.message == (
+        "the camera sent no frames for 7.5 s of the 10 s asked for (it was offline?): 5 frame(s) recorded; request "
+        "more footage for the rest"
+    )
+    whole = record("whole", [index * 0.5 for index in range(20)])
+    assert (whole.status, whole.frames, whole.message) == ("complete", 20, "")
+    gap = record("gap", [0.0, 0.5, 1.0, *(index * 0.5 for index in range(8, 20))])  # offline from 1.5 s to 4 s
+    assert gap.message.startswith("the camera sent no frames for 2.5 s of the 10 s")

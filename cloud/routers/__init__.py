@@ -66,5 +66,17 @@ async def each_part_once(request: Request) -> None:
 EachPartOnce = Depends(each_part_once)
 
 
+def no_nul_bytes(request: Request) -> None:
+    """Refuses a NUL byte (%00) in a path or query parameter: PostgreSQL's text holds none, so a lookup by such a name
+    failed in the driver with a 500 (SQLite just found nothing). Every /api route depends on it (cloud.app)."""
+    for where, params in (("path", request.path_params.items()), ("query", request.query_params.multi_items())):
+        for key, value in params:
+            if isinstance(value, str) and "\x00" in value:
+                raise HTTPException(
+                    status.HTTP_422_UNPROCESSABLE_CONTENT,
+                    f"{where} parameter {key!r} holds a NUL byte (%00): no name or value here can contain one",
+                )
+
+
 def not_found(message: str) -> HTTPException:
     return HTTPException(status.HTTP_404_NOT_FOUND, message)

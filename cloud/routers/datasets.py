@@ -99,7 +99,9 @@ class DatasetOut(BaseModel):
     every: float
     duration: float
     status: Literal["requested", "recording", "complete", "refused"]
-    message: str = Field(description="why the edge refused the request")
+    message: str = Field(
+        description="why the edge refused the request, or what complete footage lacks (seconds the camera was offline)"
+    )
     frames: int = Field(description="frames stored")
     expected: int | None = Field(description="frames the edge recorded, known once it is done")
     fps: float
