@@ -14,12 +14,13 @@ import pytest
 from edge.config import GateSettings, UploadSettings
 from edge.mcbank import MCBank
 from edge.pipeline import CameraPipeline
-from edge.sink import FolderSink
+from edge.sink import FolderSink, MatchedFrame
 from edge.sources import Frame, open_source
 from models.basednn import BaseDNN
 from models.filterspec import Encoding, MotionVeto
 from models.motion import SETTLE_FRAMES
 from models.roi import ROI
+from models.smoother import Event
 
 SIZE = (384, 224)
 JPEG = Encoding(kind="jpeg")
@@ -405,3 +406,21 @@ def test_the_background_model_goes_on_when_a_vetoed_filter_leaves_and_starts_afr
     left = {r["index"] for r in records if r["type"] == "frame" and "left" in r["scores"]}
     assert not left & set(range(18)), sorted(left)
     assert set(range(18, 24)) <= left
+
+
+def test_a_restarted_edge_keeps_the_files_of_the_start_before(tmp_path: Path) -> None:
+    """Frame indexes and event ids start again with every start (a live camera counts from 0): the second start
+    wrote its frame 60 and its clip over the first start's."""
+    starts = [FolderSink(tmp_path), FolderSink(tmp_path)]
+    event = Event("gate/cars/60", "cars", "gate", 60, 2.4, 61, 2.44, 0.9, 60)
+    for number, sink in enumerate(starts):
+        sink.frame(MatchedFrame("gate", 60, 2.4, {"cars": 0.9}, [event.id], f"jpeg {number}".encode()))
+        sink.event("end", event, clip=f"clip {number}".encode())
+        sink.close()
+    assert starts[0].run != starts[1].run
+    records = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(record["type"], record["run"]) for record in records] == [
+        ("frame", starts[0].run), ("event_end", starts[0].run), ("frame", starts[1].run), ("event_end", starts[1].run)
+    ]  # fmt: skip
+    for record, content in zip(records, [b"jpeg 0", b"clip 0", b"jpeg 1", b"clip 1"], strict=True):
+        assert (tmp_path / record.get("file", record.get("clip"))).read_bytes() == content
