@@ -8,6 +8,7 @@ import zmq
 
 from cloud.config import ZmqConfig
 from common.curve import make_server
+from common.endpoints import ipv6_literal, tcp_endpoint
 from models.errors import FilterForwardError
 
 HEADER_ROOM = 1024 * 1024  # bytes allowed for any message part but a payload (headers are a few hundred)
@@ -30,12 +31,17 @@ def bind_server(
 def _listen(socket: zmq.Socket, config: ZmqConfig, port: int, setting: str, max_message: int) -> None:
     socket.linger = 0
     socket.maxmsgsize = max_message
+    socket.ipv6 = ipv6_literal(config.bind) is not None
     if not config.insecure:
         make_server(socket, config.secret_key)
-    address = f"tcp://{config.bind}:{port or '*'}"
+    address = tcp_endpoint(config.bind, port or "*")
     try:
         socket.bind(address)
     except zmq.ZMQError as exc:
-        raise FilterForwardError(
-            f"cannot bind zmq.{setting} to {address} ({exc}): pick a free port or stop what is using it"
-        ) from None
+        hint = (
+            f"pick a free zmq.{setting} or stop what is using it"
+            if exc.errno == zmq.EADDRINUSE
+            else "set zmq.bind to an address of this machine (0.0.0.0: all of them, 127.0.0.1: this one only, "
+            "::: all of IPv6)"
+        )
+        raise FilterForwardError(f"cannot bind zmq.{setting} to {address} ({exc}): {hint}") from None

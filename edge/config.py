@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from common import curve
 from common.configfile import ConfigPath, FolderPath, read_config, resolve
+from common.endpoints import ipv6_literal, tcp_endpoint
 from common.protocol import ID_PATTERN
 from edge.stream_encoder import FRAGMENT_SECONDS, KEYFRAME_INTERVAL
 from models.mc_kinds import MCWeights
@@ -134,7 +135,7 @@ class CloudLink(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    address: str = Field(min_length=1, description="the cloud's host name or IP address")
+    address: str = Field(min_length=1, description="the cloud's host name or IP address (IPv4 or IPv6)")
     ingest_port: int = Field(5555, ge=1, le=65535)
     publish_port: int = Field(5556, ge=1, le=65535)
     server_key: ConfigPath | None = Field(None, description="the cloud's PUBLIC key file (filterforward keys)")
@@ -149,8 +150,11 @@ class CloudLink(BaseModel):
     @field_validator("address")
     @classmethod
     def _host_only(cls, address: str) -> str:
-        """The endpoints are built from it (tcp://ADDRESS:PORT): a URL or host:port would make no address."""
-        if "/" in address or (":" in address and not address.startswith("[")):
+        """The endpoints are built from it (tcp://ADDRESS:PORT): a URL or host:port would make no address. An IPv6
+        address is kept bare (::1, with or without brackets)."""
+        if (literal := ipv6_literal(address)) is not None:
+            return literal
+        if "/" in address or ":" in address:
             raise ValueError(
                 f"{address!r} is not a host: give the cloud's host name or IP address alone (e.g. cloud.example); "
                 "the ports are ingest_port and publish_port"
@@ -175,7 +179,7 @@ class CloudLink(BaseModel):
             curve.load_server_public(self.server_key)
 
     def endpoint(self, port: int) -> str:
-        return f"tcp://{self.address}:{port}"
+        return tcp_endpoint(self.address, port)
 
 
 class SpoolConfig(BaseModel):

@@ -36,6 +36,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from common import curve
+from common.endpoints import ipv6_literal
 from common.protocol import Error, Heartbeat, Hello, ProtocolError, decode, encode
 from edge.config import CloudLink
 from models.filterspec import BaseModelId
@@ -71,6 +72,7 @@ def open_socket(kind: int, link: CloudLink, port: int, report: bool = True) -> t
     (which logs a failed handshake when `report`: one socket per edge says it, not each)."""
     sock = zmq.Context.instance().socket(kind)
     sock.linger = 0
+    sock.ipv6 = ipv6_literal(link.address) is not None
     sock.reconnect_ivl = 100
     sock.reconnect_ivl_max = 2000
     if kind == zmq.DEALER:

@@ -61,9 +61,9 @@ class Cloud:
     """The cloud's ingest (ROUTER), publisher (PUB) and storage on SQLite in `folder`; stop() and start() keep
     ports and DB. `filters_changed` is the event a registry sets after each change, as in the service."""
 
-    def __init__(self, folder: Path, keys: Keys | None = None):
+    def __init__(self, folder: Path, keys: Keys | None = None, bind: str = "127.0.0.1"):
         zmq_config = ZmqConfig(
-            bind="127.0.0.1",
+            bind=bind,
             ingest_port=free_port(),
             publish_port=free_port(),
             insecure=keys is None,
@@ -96,9 +96,8 @@ class Cloud:
     def link(self, secret_key: Path | None = None, **fields: object) -> CloudLink:
         """How an edge reaches this cloud (CURVE with `secret_key` when the cloud has keys)."""
         keys = {"server_key": self.keys.cloud_public, "secret_key": secret_key} if self.keys else {"insecure": True}
-        settings = {"heartbeat": 0.2, "timeout": 1.0, "window": 8, **keys, **fields}
+        settings = {"address": self.config.zmq.bind, "heartbeat": 0.2, "timeout": 1.0, "window": 8, **keys, **fields}
         return CloudLink(
-            address="127.0.0.1",
             ingest_port=self.config.zmq.ingest_port,
             publish_port=self.config.zmq.publish_port,
             **settings,
@@ -162,6 +161,31 @@ def test_frames_and_events_arrive_once_and_are_acknowledged(cloud: Cloud, tmp_pa
         assert session.scalar(select(func.count()).select_from(EventFrame)) == 20
         edge = session.get(Edge, EDGE)
         assert edge is not None and edge.run == link.run  # the Hello got there
+
+
+@pytest.mark.parametrize("address", ["::1", "[::1]"])
+def test_an_edge_reaches_a_cloud_over_ipv6(tmp_path: Path, address: str) -> None:
+    """An IPv6 address made no endpoint (tcp://::1:5555) and ZeroMQ's sockets had IPv6 off: the cloud failed to
+    bind with "pick a free port", and the edge refused ::1 as "not a host"."""
+    cloud = Cloud(tmp_path / "cloud", bind="::1")
+    cloud.start()
+    try:
+        link, uplink = make_uplink(cloud.link(address=address), tmp_path)
+        assert link.config.address == "::1"
+        link.start()
+        send_frames(uplink, 3)
+        assert uplink.wait_drained(30)
+        close(link, uplink)
+        assert len(cloud.stored_seqs()) == 3
+    finally:
+        cloud.stop()
+
+
+def test_a_zmq_bind_address_this_machine_lacks_says_so(tmp_path: Path) -> None:
+    cloud = Cloud(tmp_path / "cloud", bind="192.0.2.1")  # TEST-NET-1: no machine has it
+    with pytest.raises(FilterForwardError, match=r"set zmq.bind to an address of this machine"):
+        cloud.start()
+    cloud.stop()
 
 
 def test_curve_link_delivers_and_an_unknown_key_is_refused_in_one_clear_line(
