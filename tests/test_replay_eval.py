@@ -89,7 +89,8 @@ def test_a_range_without_the_event_or_with_training_frames_is_noted(intel_car: P
     assert trained_on == {"dataset": dataset.name, "frames": [0, 212]}
     overlapping = evaluate(dataset, [red_filter], (150, 300), progress=False)
     assert overlapping.filters[0].trained_frames == (150, 212)
-    assert "note: red_vehicle_present-full_frame was trained on frames 150:212 of this" in format_report(overlapping)
+    expected = "note: frames 150:212 of those evaluated are among red_vehicle_present-full_frame's training frames"
+    assert expected in format_report(overlapping)  # it was trained on 0:212: "trained on frames 150:212" misled
 
 
 def test_a_filter_for_named_cameras_is_evaluated_all_the_same(
@@ -194,3 +195,18 @@ def test_demo_runs_end_to_end_on_a_fresh_synthetic_clip(tmp_path: Path) -> None:
     assert spec["architecture"] == "full_frame" and spec["validation"] is not None
     assert (tmp_path / "filters" / "model.onnx").is_file()
     assert (tmp_path / "edge" / "events.jsonl").is_file()
+
+
+def test_the_demo_s_event_table_says_which_part_of_the_clip_each_lies_in(tmp_path: Path) -> None:
+    """An event from frame 181 to 237 with the split at 226 was listed as held-out."""
+    from filterforward.commands.demo import format_events
+
+    events = [(10, 40), (181, 237), (250, 260)]
+    lines = [{"type": "event_start", "id": "x"}] + [
+        {"type": "event_end", "id": f"cam/f/{a}", "start_frame": a, "end_frame": b, "start_time": a / 10,
+         "end_time": b / 10, "peak_score": 0.9}
+        for a, b in events
+    ]  # fmt: skip
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    table = format_events(tmp_path / "events.jsonl", 10.0, split=226).splitlines()
+    assert [line.split()[-1] for line in table] == ["part", "train", "both", "held-out"]

@@ -123,14 +123,15 @@ def claim_folder(out: Path, force: bool) -> None:
 
 
 def format_events(events_file: Path, fps: float, split: int) -> str:
-    """The events the edge reported, one line each."""
+    """The events the edge reported, one line each, with the part of the clip they lie in (`both`: one that
+    began in the training frames and ended in the held-out ones)."""
     rows = [json.loads(line) for line in events_file.read_text().splitlines()]
     ended = [r for r in rows if r["type"] == "event_end"]
     lines = [
         f"{'event':<34} {'frames':>11} {'seconds':>13} {'peak':>5}  part",
     ]
     for r in ended:
-        part = "train" if r["end_frame"] < split else "held-out"
+        part = "train" if r["end_frame"] < split else "held-out" if r["start_frame"] >= split else "both"
         lines.append(
             f"{r['id']:<34} {r['start_frame']:>5}-{r['end_frame']:<5} {r['start_time']:6.1f}-{r['end_time']:<6.1f} "
             f"{r['peak_score']:5.2f}  {part}"

@@ -116,8 +116,8 @@ def format_report(report: ReplayReport) -> str:
         if f.trained_frames is not None:
             first, stop = f.trained_frames
             lines.append(
-                f"note: {f.name} was trained on frames {first}:{stop} of this dataset: its scores there are better "
-                "than on new footage; evaluate on frames after its training range"
+                f"note: frames {first}:{stop} of those evaluated are among {f.name}'s training frames: its scores "
+                "there are better than on new footage; evaluate on frames after its training range"
             )
         if f.scores.n_events == 0:  # an event F1 over no labelled occurrence is 1.0 when nothing is sent
             lines.append(
