@@ -128,6 +128,7 @@ class EdgeNode:
         self._totals = {name: _Totals() for name in cameras}
         self._errors: dict[str, list[str]] = {name: [] for name in cameras}  # per camera: what went wrong
         self._window: dict[str, dict[str, Any]] = {}  # each camera's last stats window
+        self._ended_logged: set[str] = set()  # cameras whose source ended and whose last line was logged
 
     def run(self) -> None:
         """Until every source ends or `stop()`; then close the open events, drain the uplink and close."""
@@ -315,6 +316,10 @@ class EdgeNode:
                     "decode_ms": stats.decode_ms,
                     "online": stats.online and not final,
                 }
+            if name in self._ended_logged and not final:
+                continue  # an ended camera's line was logged once: the same zeros every interval say nothing
+            if source.ended:
+                self._ended_logged.add(name)
             log.info(
                 "camera %s: %.1f fps, decode %.1f ms, base %.1f ms, MCs %.1f ms, %d unchanged, %d matched, %d bytes, "
                 "%d dropped, %d failed so far%s%s",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import textwrap
 from pathlib import Path
 
@@ -304,3 +305,26 @@ def test_upload_crop_is_checked_at_load(tmp_path: Path) -> None:
     assert [(c.upload.crop, c.upload.scale) for c in config.cameras] == [("roi", 0.5), ("roi", 0.5)]
     message = edge_error(tmp_path, EDGE.replace("  fps: 8\n", "  fps: 8\n  upload: {crop: box}\n"))
     assert ", line 5: defaults.upload.crop: Input should be 'none' or 'roi'" in message and "\n" not in message
+
+
+def test_an_ended_camera_s_stats_line_is_logged_once_not_every_interval(
+    short_clip: Path, base_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A camera whose recording ended logged the same zeros every stats_interval while another camera ran on."""
+    config = EdgeConfig(
+        base_model=base_model,
+        input_size=(128, 96),
+        cameras=[
+            CameraConfig(name="gate", source=str(short_clip), pacing="every-frame"),  # ends within a second
+            CameraConfig(name="yard", source=str(short_clip), pacing="realtime"),  # 40 frames at 12 fps: 3.3 s
+        ],
+        sink=SinkConfig(path=tmp_path / "out"),
+        stats_interval=0.2,
+    )
+    with caplog.at_level(logging.INFO, logger="edge.node"):
+        EdgeNode(config).run()
+    lines = [record.getMessage() for record in caplog.records if record.name == "edge.node"]
+    yard = [line for line in lines if line.startswith("camera yard:")]
+    gate = [line for line in lines if line.startswith("camera gate:")]
+    assert len(yard) >= 5  # the intervals while yard ran
+    assert 1 <= sum(line.endswith("(ended)") for line in gate) <= 2  # when it ended, and in the final lines
