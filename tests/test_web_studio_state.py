@@ -235,12 +235,19 @@ def test_a_job_whose_labels_changed_says_so_and_asks_before_it_is_deployed(
     # Deployed anyway, where two edges refuse it: said, not "the edges take it within seconds".
     deployed = {"name": "relabelled-f", "revision": 4, "refused_by": ["edge-a", "edge-b"]}
     page.route(re.compile(r"/api/training-jobs/9301/deploy$"), lambda route: route.fulfill(json=deployed))
+    # The filter as the deployment left it: the revisions the page reads next must not say that another model runs.
+    revision = {"job": 9301, "current": True, "validation": None, "positives": 3, "negatives": 5,
+                "dataset": "relabelled", "event": "person", "finished_at": "2026-12-07T12:00:00Z"}  # fmt: skip
+    page.route(re.compile(r"/api/filters/relabelled-f/revisions$"), lambda route: route.fulfill(json=[revision]))
+    running = {**deployed, "spec": {"event": "person", "validation": None}}  # as deployWarning reads it
+    page.route(re.compile(r"/api/filters/relabelled-f$"), lambda route: route.fulfill(json=running))
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_test_id("job-deploy").click()
     expect(page.get_by_test_id("deploy-message")).to_have_text(
         "Deployed as filter relabelled-f (revision 4), but edges edge-a and edge-b refuse it: they run another base "
         "model or input size than it was trained on, and go on with what they ran before."
     )
+    expect(page.get_by_test_id("revision-current")).to_have_count(1)  # the revisions were read after it
 
     answer_jobs(page, "relabelled", [now])  # opened again: the job as it is now
     page.reload()
