@@ -26,7 +26,7 @@ from edge.mcbank import MCBank
 from edge.metrics import EdgeCollector, MetricsServer
 from edge.pipeline import CameraPipeline, StageStats
 from edge.sink import FolderSink, Sink
-from edge.sources import Frame, open_source
+from edge.sources import Frame, VideoSource, open_source
 from edge.uplink import Uplink
 from models.basednn import BaseDNN
 from models.bundle import load_bundles
@@ -107,17 +107,7 @@ class EdgeNode:
         self.metrics: MetricsServer | None = None
         self._stop = threading.Event()  # set by run() once a stop was asked for: the camera threads see it
         self._stop_requests = 0  # stop() only increments this: safe in a signal handler
-        self.sources = {
-            cam.name: open_source(
-                cam.source,
-                pacing=cam.pacing,
-                fps=cam.fps,
-                resolution=cam.resolution,
-                queue_size=cam.buffer_frames,
-                name=cam.name,
-            )
-            for cam in config.cameras
-        }
+        self.sources = {cam.name: _open_camera(cam) for cam in config.cameras}
         self.pipelines = {
             cam.name: CameraPipeline(
                 cam.name, self.base, self.bank, self.sink, self.sources[cam.name].fps, cam.upload, cam.change_gate
@@ -380,6 +370,21 @@ class EdgeNode:
             self._filter_stats if self.filtersync is not None else None,
         )
         self.metrics = MetricsServer(self.config.metrics_port, collector)
+
+
+def _open_camera(cam: CameraConfig) -> VideoSource:
+    """The camera's source; its errors name the camera (with several, a path alone did not say which to fix)."""
+    try:
+        return open_source(
+            cam.source,
+            pacing=cam.pacing,
+            fps=cam.fps,
+            resolution=cam.resolution,
+            queue_size=cam.buffer_frames,
+            name=cam.name,
+        )
+    except FilterForwardError as exc:
+        raise FilterForwardError(f"camera {cam.name}: {exc}") from None
 
 
 def _state(ended: bool, online: bool, stopped: bool) -> str:

@@ -177,3 +177,17 @@ def test_a_recording_corrupt_mid_stream_is_reported_and_the_exit_status_says_so(
     ), last
     matched = [json.loads(line) for line in (config.parent / "out" / "events.jsonl").read_text().splitlines()]
     assert any(record["type"] == "frame" for record in matched)  # the frames before the damage went through
+
+
+def test_a_camera_whose_file_is_no_video_is_named_in_the_error(config: Path) -> None:
+    """With several cameras, "x.mp4 can't be decoded as video" did not say which camera to fix."""
+    (config.parent / "notes.mp4").write_text("not a video\n")
+    settings = yaml.safe_load(config.read_text())
+    settings["cameras"].append({"name": "yard", "source": "notes.mp4"})
+    config.write_text(yaml.safe_dump(settings))
+    result = filterforward("edge", "run", "--config", str(config))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"filterforward edge: error: camera yard: {config.parent / 'notes.mp4'} can't be decoded as video; check that "
+        "it is a video file that plays"
+    )

@@ -38,6 +38,7 @@ _frame_count = (
 _thumbnail = thumbnail_of(Event)
 EVENT_ROWS = select(Event, _frame_count, _thumbnail)
 NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+PLUS_READ_AS_SPACE = re.compile(r"\d \d\d(:?\d\d)?$")  # 12:00:00+01:00 sent unencoded arrives as 12:00:00 01:00
 
 
 def _not_a_number(value: object) -> object:
@@ -45,6 +46,10 @@ def _not_a_number(value: object) -> object:
     documented."""
     if isinstance(value, int | float) or (isinstance(value, str) and NUMBER.fullmatch(value.strip())):
         raise ValueError("use an ISO 8601 time such as 2024-05-01T12:00:00Z, not a number")
+    if isinstance(value, str) and PLUS_READ_AS_SPACE.search(value):
+        raise ValueError(
+            f"{value!r} has a space before its UTC offset: a '+' in a URL reads as a space, send it as %2B"
+        )
     return value
 
 
@@ -59,9 +64,9 @@ RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="an id from this AP
 @router.get("/events")
 def list_events(
     session: SessionDep,
-    filter_name: Annotated[str | None, Query(alias="filter", description="filter name")] = None,
-    camera: str | None = None,
-    edge: str | None = None,
+    filter_name: Annotated[str | None, Query(alias="filter", description="filter name (empty: any)")] = None,
+    camera: Annotated[str | None, Query(description="camera name (empty: any)")] = None,
+    edge: Annotated[str | None, Query(description="edge id (empty: any)")] = None,
     since: Annotated[IsoTime | None, Query(description="ISO 8601; events that started at or after it")] = None,
     until: Annotated[IsoTime | None, Query(description="ISO 8601; events that started before it")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -70,7 +75,7 @@ def list_events(
     """Events, newest first, optionally by filter, camera, edge and start-time range."""
     query: Select = EVENT_ROWS
     for column, value in ((Event.filter, filter_name), (Event.camera, camera), (Event.edge_id, edge)):
-        if value is not None:
+        if value:  # empty (a form's blank field): any, as an empty cursor is the first page
             query = query.where(column == value)
     start = None if since is None else in_utc("since", since)
     stop = None if until is None else in_utc("until", until)
