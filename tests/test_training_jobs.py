@@ -422,6 +422,21 @@ def test_deploys_at_once_of_a_new_filter_all_succeed_and_the_last_marked_is_what
     assert sum(revision["current"] for revision in revisions) == 1, revisions
 
 
+def test_a_nul_character_in_a_reason_is_refused_not_a_500(cloud: CloudServer) -> None:
+    """PostgreSQL's text holds no NUL: a failure reason with one (\\u0000 in its JSON) failed in the driver."""
+    job = queue_job(cloud, "nul-reason")
+    assert claim(cloud, "trainer-nul").json()["id"] == job["id"]
+    with cloud.client(TRAINER_TOKEN) as client:
+        failed = {"trainer": "trainer-nul", "message": "read frame\u0000 failed"}
+        answer = client.post(f"/api/training-jobs/{job['id']}/failed", json=failed)
+        assert answer.status_code == 422
+        assert answer.json()["detail"] == "the JSON body holds a NUL character (\\u0000): send text without it"
+        failed["message"] = "a backslash \\u0000 is text"  # an escaped backslash, then u0000: no NUL
+        assert client.post(f"/api/training-jobs/{job['id']}/failed", json=failed).status_code == 200
+    with cloud.client() as client:
+        assert client.get(f"/api/training-jobs/{job['id']}").json()["error"] == "a backslash \\u0000 is text"
+
+
 def test_a_cloud_restart_gives_running_jobs_a_lease_to_report_again(cloud: CloudServer) -> None:
     """A cloud down for longer than the lease handed a healthy trainer's job to the next trainer at its start."""
     job = queue_job(cloud, "through-restart")

@@ -5,6 +5,7 @@ The running service's parts (cloud.app.Services) live on `app.state.services`, c
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
 from typing import Annotated
@@ -66,9 +67,14 @@ async def each_part_once(request: Request) -> None:
 EachPartOnce = Depends(each_part_once)
 
 
-def no_nul_bytes(request: Request) -> None:
-    """Refuses a NUL byte (%00) in a path or query parameter: PostgreSQL's text holds none, so a lookup by such a name
-    failed in the driver with a 500 (SQLite just found nothing). Every /api route depends on it (cloud.app)."""
+# A JSON string's NUL character: \u0000 after an even number of backslashes (\\u0000 is a backslash and "u0000").
+_JSON_NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
+
+
+async def no_nul_bytes(request: Request) -> None:
+    """Refuses a NUL byte (%00) in a path or query parameter, or a NUL character (\\u0000) in a JSON body: PostgreSQL's
+    text holds none, so the driver raised and the API answered 500 (SQLite took them). Every /api route depends on
+    it (cloud.app)."""
     for where, params in (("path", request.path_params.items()), ("query", request.query_params.multi_items())):
         for key, value in params:
             if isinstance(value, str) and "\x00" in value:
@@ -76,6 +82,12 @@ def no_nul_bytes(request: Request) -> None:
                     status.HTTP_422_UNPROCESSABLE_CONTENT,
                     f"{where} parameter {key!r} holds a NUL byte (%00): no name or value here can contain one",
                 )
+    if request.headers.get("content-type", "").startswith("application/json") and _JSON_NUL.search(
+        await request.body()
+    ):
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, "the JSON body holds a NUL character (\\u0000): send text without it"
+        )
 
 
 def not_found(message: str) -> HTTPException:
