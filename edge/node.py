@@ -32,6 +32,7 @@ from models.basednn import BaseDNN
 from models.bundle import load_bundles
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec
+from models.memory import check_edge_memory
 
 log = logging.getLogger(__name__)
 FAILURE_LOG_EVERY = 100  # while frames keep failing, one log line per this many
@@ -84,6 +85,7 @@ class EdgeNode:
 
     def __init__(self, config: EdgeConfig, sink: Sink | None = None):
         self.config = config
+        check_edge_memory(config.input_size, len(config.cameras))
         self.base = BaseDNN(config.input_size, config.base_model, config.threads)
         self.bank = MCBank(
             self.base.taps, self.base.input_size, base_model=self.base.identity, weights=config.mc_weights

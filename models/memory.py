@@ -5,6 +5,7 @@ refused up front, in one line, instead of being killed by the OOM killer (which 
 
 from __future__ import annotations
 
+import math
 import resource
 from dataclasses import replace
 from pathlib import Path
@@ -94,6 +95,28 @@ def check_memory(
     raise FilterForwardError(
         f"input size {width}x{height} needs about {needed / GIB:.1f} GiB of memory (the base DNN and the features of "
         f"{frames[1] - frames[0]} frames) but {available / GIB:.1f} GiB is available: {advice}"
+    )
+
+
+def check_edge_memory(input_size: tuple[int, int], cameras: int, available: int | None = None) -> None:
+    """Refuse an edge whose cameras' base-DNN passes (one per camera at a time, side by side) cannot fit in the
+    memory available, before the first frames get the process killed by the OOM killer without a word."""
+    width, height = input_size
+    needed = width * height * BASE_DNN_BYTES_PER_PIXEL * cameras
+    available = available_memory() if available is None else available
+    if available is None or needed <= available:
+        return
+    scale = math.sqrt(available / needed)
+    columns, rows = int(width * scale) // MODEL_STRIDE, int(height * scale) // MODEL_STRIDE
+    fewer = "run fewer cameras on this edge"
+    advice = (
+        f"set input_size to {columns * MODEL_STRIDE}x{rows * MODEL_STRIDE} or smaller" if columns and rows else fewer
+    )
+    if columns and rows and cameras > 1:
+        advice += f", or {fewer}"
+    raise FilterForwardError(
+        f"input_size {width}x{height} needs about {needed / GIB:.1f} GiB of memory for the base DNN of {cameras} "
+        f"camera(s) but {available / GIB:.1f} GiB is available: {advice}"
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import pytest
 import yaml
 
 from models.bundle import write_bundle
+from models.errors import FilterForwardError
+from models.memory import GIB, check_edge_memory
 
 SIZE = (384, 224)
 
@@ -191,3 +194,31 @@ def test_a_camera_whose_file_is_no_video_is_named_in_the_error(config: Path) -> 
         f"filterforward edge: error: camera yard: {config.parent / 'notes.mp4'} can't be decoded as video; check that "
         "it is a video file that plays"
     )
+
+
+def test_an_input_size_the_edge_cannot_run_in_its_memory_is_refused_at_start(config: Path) -> None:
+    """An edge at a size its memory cannot hold started, then the OOM killer ended it at the first frames without a
+    word. The CLI runs under a 12 GiB address-space limit (`ulimit -v`), which the check counts, so the test does not
+    depend on this machine's memory."""
+    settings = yaml.safe_load(config.read_text())
+    settings["input_size"] = [8192, 8192]
+    settings["cameras"].append({**settings["cameras"][0], "name": "yard"})  # two cameras: twice the memory
+    config.write_text(yaml.safe_dump(settings))
+    limit = 12 * GIB
+    result = filterforward(
+        "edge",
+        "run",
+        "--config",
+        str(config),
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)),
+    )
+    assert result.returncode == 2, result.stderr
+    assert re.fullmatch(
+        r"filterforward edge: error: input_size 8192x8192 needs about 12\.5 GiB of memory for the base DNN of 2 "
+        r"camera\(s\) but \d+\.\d GiB is available: set input_size to (\d+)x\1 or smaller, or run fewer cameras on "
+        r"this edge",
+        result.stderr.strip().splitlines()[-1],
+    ), result.stderr
+    check_edge_memory((768, 448), cameras=8, available=GIB)  # the default size fits in a small box
+    with pytest.raises(FilterForwardError, match=r"but 1\.0 GiB is available: set input_size to 4352x2432 or smaller$"):
+        check_edge_memory((7680, 4320), cameras=1, available=GIB)
