@@ -113,7 +113,8 @@ function datasetRow(dataset) {
     el("td", { "data-field": "source" }, sourceText(dataset)),
     el(
       "td",
-      { "data-field": "status", class: dataset.status === "refused" ? "warn" : null, title: dataset.message || null },
+      // A message is a refusal's reason, or what complete footage lacks (seconds its camera was offline).
+      { "data-field": "status", class: dataset.message ? "warn" : null, title: dataset.message || null },
       dataset.message ? `${dataset.status}: ${dataset.message}` : dataset.status,
     ),
     numCell("frames", framesText(dataset)),
