@@ -6,6 +6,7 @@ trainer that dies loses its job to the next one, a stale trainer is refused, and
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -201,6 +202,55 @@ def test_a_trainer_that_dies_mid_job_loses_it_to_the_next(
     with cloud.client() as client:
         assert client.post(f"/api/training-jobs/{job['id']}/deploy").status_code == 200
         assert client.get("/api/filters/survivor").json()["spec"]["validation"] == done["spec"]["validation"]
+
+
+def test_sigterm_stops_a_training_trainer_at_once_and_its_job_goes_back(
+    cloud: CloudServer, base_model: Path, tmp_path: Path
+) -> None:
+    """SIGTERM mid-training unwound into the wait for the fits running on other threads: the trainer trained on,
+    minutes, and its progress thread kept renewing the job's lease (docker stop ended it with SIGKILL)."""
+    job = queue_job(cloud, "stopped-mid-job", options={"steps": 20_000})  # longer than this test waits
+    trainer = start_trainer(cloud, TRAINER_TOKEN, base_model, tmp_path, "trainer-stopped")
+
+    def training() -> bool:
+        return (get_job(cloud, job["id"])["progress"] or {}).get("stage") == "training" or trainer.poll() is not None
+
+    wait_until(training, "the trainer to start training", timeout=TRAINER_TIMEOUT)
+    trainer.send_signal(signal.SIGTERM)
+    assert trainer.wait(timeout=30) == 0, (tmp_path / "trainer-stopped.log").read_text()
+    assert not list((tmp_path / "trainer-stopped").glob("job-*"))  # its work folder was removed
+    time.sleep(LEASE + 0.5)  # no report renews the lease now
+    assert claim(cloud, "trainer-after").json()["id"] == job["id"]
+    with cloud.client(TRAINER_TOKEN) as client:  # the next trainer gives it up: the test is done with it
+        failed = {"trainer": "trainer-after", "message": "done with this test"}
+        assert client.post(f"/api/training-jobs/{job['id']}/failed", json=failed).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (["--work", "/proc/forbidden"], "--work /proc/forbidden cannot be written"),
+        (["--threads", "0"], "--threads must be at least 1, got 0"),
+        (["--health-port", "80000"], "--health-port must be a port from 1 to 65535, got 80000"),
+        (["--base-model", "{clip}/labels.csv"], "labels.csv does not load as an ONNX model"),
+    ],
+)
+def test_a_trainer_that_could_not_train_is_refused_before_it_claims_a_job(
+    option: list[str],
+    expected: str,
+    clip: LabelledDataset,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each of these failed every queued job in turn, for good, with a reason that blamed the job; the cloud here
+    does not answer, so a claim would end the run with another error."""
+    monkeypatch.setenv("FF_TRAINER_TOKEN", TRAINER_TOKEN)
+    option = [value.format(clip=clip.root) for value in option]
+    argv = ["trainer", "serve", "--cloud", "http://127.0.0.1:9", "--once", "--work", str(tmp_path), *option]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("filterforward trainer: error: ") and expected in err and err.count("\n") == 1, err
 
 
 def test_stale_trainers_are_refused_and_a_job_fails_after_its_trainers_die(

@@ -91,11 +91,9 @@ def serve(args: argparse.Namespace) -> int:
             f"trainer name {name!r} is not valid: use up to 64 letters, digits and '_.@:-', starting with a letter "
             "or digit"
         )
-    from models.cache import cache_dir
-
-    work = (args.work or cache_dir("trainer")).resolve() / name
+    work = _checked_setup(args, name)
     _clear(work)
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, partial(_terminate, work))
     log.info("trainer %s taking jobs from %s (work folder %s)", name, cloud.url, work)
     if args.health_port is not None:
         HealthServer("0.0.0.0", args.health_port, partial(cloud.silence, max(HEALTH_SILENCE, 3 * args.poll)))
@@ -114,17 +112,46 @@ def serve(args: argparse.Namespace) -> int:
             return 0 if done else 1
 
 
+def _checked_setup(args: argparse.Namespace, name: str) -> Path:
+    """This trainer's work folder, made; the options checked before any job is claimed. A trainer that could not
+    train (a folder it cannot write, a base model that does not load, no threads) failed every queued job in turn,
+    each for good, blamed on the job."""
+    from filterforward.commands.options import check_writable
+    from models.base_export import base_model_file
+    from models.base_identity import identify
+    from models.cache import cache_dir
+
+    if args.threads < 1:
+        raise FilterForwardError(f"--threads must be at least 1, got {args.threads}")
+    if args.health_port is not None and not 1 <= args.health_port <= 65535:
+        raise FilterForwardError(f"--health-port must be a port from 1 to 65535, got {args.health_port}")
+    root = (args.work or cache_dir("trainer")).resolve()
+    check_writable(root, "--work", folder=True)
+    if args.base_model is not None:
+        identify(base_model_file(args.base_model))  # one line when it is missing, a folder or no ONNX model
+    work = root / name
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FilterForwardError(f"cannot make the work folder {work} ({exc.strerror}): give another --work") from None
+    return work
+
+
 def _clear(work: Path) -> None:
     """Remove what a killed run of this trainer left behind (its folder is its own: one per trainer name)."""
     for folder in work.glob("job-*"):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _terminate(_signum: int, _frame: object) -> None:
-    """SIGTERM (docker stop) is an orderly stop, status 0: unwind, so a job's folder is removed; its lease runs out
-    and the next trainer takes the job."""
+def _terminate(work: Path, _signum: int, _frame: object) -> None:
+    """SIGTERM (docker stop) is an orderly stop, status 0, at once: a job in progress is left, its folder removed;
+    its lease runs out and the next trainer takes the job. Not by unwinding: a fit running on the training's worker
+    threads cannot be interrupted, so SystemExit waited for the fits (minutes) while the job's progress thread kept
+    renewing its lease, until docker's SIGKILL."""
     log.info("stopping (SIGTERM); a job in progress goes back to the queue when its lease runs out")
-    raise SystemExit(0)
+    _clear(work)
+    logging.shutdown()  # flushes the handlers: os._exit skips that
+    os._exit(0)
 
 
 def default_trainer_name() -> str:
