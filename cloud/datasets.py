@@ -532,7 +532,7 @@ def _rate(timestamps: list[float]) -> float:
     if len(timestamps) < 2:
         return 0.0
     span = max(timestamps) - min(timestamps)
-    return (len(timestamps) - 1) / span if span > 0 else 0.0
+    return round((len(timestamps) - 1) / span, 6) if span > 0 else 0.0  # 12.5, not 12.499999999999998
 
 
 def _counts(labels: dict[int, int]) -> EventCounts:

@@ -353,7 +353,8 @@ def read_labels(table: Table, n_frames: int, events: list[str] | None = None) ->
     if events is not None and not events:
         raise FilterForwardError(
             f"{CONFIG_FILE} lists no events (events: []): list the {path.name} columns that are events, or drop the "
-            "events: line to take every column of 0, 1 and -1"
+            "events: line to take every column of 0, 1 and -1 (a dataset the cloud wrote has none until an event "
+            "is labelled: label one in the studio)"
         )
     if not names:
         raise FilterForwardError(
