@@ -37,6 +37,7 @@ from models.roi import FULL_FRAME, ROI
 log = logging.getLogger(__name__)
 
 RETRIES = 5  # claims lost to another trainer before giving up (each takes the next job)
+CANCELLED = "cancelled by an operator (POST /api/training-jobs/{id}/cancel)"  # a cancelled job's error
 T = TypeVar("T")
 
 
@@ -279,6 +280,23 @@ class TrainingJobs:
         values = {"status": "failed", "error": reason, "finished_at": utcnow(), "lease_until": None}
         self._swap_held(job, values)
         log.warning("training job %d failed on trainer %s: %s", job_id, trainer, reason)
+        return self.get(job_id)
+
+    def cancel(self, job_id: int) -> TrainingJob:
+        """End a queued or running job as failed, "cancelled": a queued one is never claimed; a running one's trainer
+        is refused at its next report (409) and stops at the end of the stage it is in. 409 for a finished job."""
+        job = self.get(job_id)
+        if job.status not in ("queued", "running"):
+            raise TrainingError(
+                409, f"training job {job_id} is {job.status}: only a queued or running job can be cancelled"
+            )
+        values = {"status": "failed", "error": CANCELLED, "finished_at": utcnow(), "lease_until": None}
+        guard = (TrainingJob.status == job.status, TrainingJob.attempts == job.attempts)
+        if not self._write(f"training job {job_id}", partial(_swap, job_id=job_id, guard=guard, values=values)):
+            raise TrainingError(
+                409, f"training job {job_id} changed state while it was cancelled: read it and try again"
+            )
+        log.info("training job %d cancelled (it was %s)", job_id, job.status)
         return self.get(job_id)
 
     # -- internals -------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from cloud_server import (
 )
 from support import wait_until
 
+from cloud.training import CANCELLED
 from filterforward.cli import main
 from filterforward.commands.trainer import idle_wait
 from models.bundle import write_bundle
@@ -470,6 +471,29 @@ def test_deploys_at_once_of_a_new_filter_all_succeed_and_the_last_marked_is_what
     with cloud.client() as client:
         revisions = client.get("/api/filters/at-once/revisions").json()
     assert sum(revision["current"] for revision in revisions) == 1, revisions
+
+
+def test_a_queued_or_running_job_can_be_cancelled(cloud: CloudServer) -> None:
+    """A job queued by mistake (a 4096x4096 input, the slow discrete kind) could only be got rid of by claiming and
+    failing it by hand, or by deleting its dataset."""
+    queued, running = queue_job(cloud, "cancel-queued"), queue_job(cloud, "cancel-running")
+    with cloud.client(READ_ONLY) as viewer:
+        assert viewer.post(f"/api/training-jobs/{queued['id']}/cancel").status_code == 403
+    with cloud.client() as client:
+        answer = client.post(f"/api/training-jobs/{queued['id']}/cancel")
+        assert answer.status_code == 200, answer.text
+        assert (answer.json()["status"], answer.json()["error"]) == ("failed", CANCELLED)
+        assert claim(cloud, "trainer-cancel").json()["id"] == running["id"]  # the cancelled one is not handed out
+        assert client.post(f"/api/training-jobs/{running['id']}/cancel").json()["status"] == "failed"
+        again = client.post(f"/api/training-jobs/{running['id']}/cancel")
+        assert again.status_code == 409
+        assert again.json()["detail"] == (
+            f"training job {running['id']} is failed: only a queued or running job can be cancelled"
+        )
+    progress = {"trainer": "trainer-cancel", "stage": "training", "fraction": 0.5, "message": ""}
+    with cloud.client(TRAINER_TOKEN) as trainer:  # its trainer is told to stop at its next report
+        refused = trainer.post(f"/api/training-jobs/{running['id']}/progress", json=progress)
+        assert refused.status_code == 409 and "stop working on it" in refused.json()["detail"]
 
 
 def test_a_nul_character_in_a_reason_is_refused_not_a_500(cloud: CloudServer) -> None:

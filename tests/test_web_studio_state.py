@@ -317,3 +317,37 @@ def test_a_link_given_before_the_token_opens_once_the_datasets_are_read(
         assert errors == [], errors
     finally:
         context.close()
+
+
+def test_a_running_job_can_be_cancelled_from_the_studio(page: Page, cloud: CloudServer, clip: Path) -> None:
+    """A job queued by mistake (a huge input size, a slow kind) could not be stopped from the page."""
+    upload(cloud, clip, "cancelling")
+    running = job(9401, "cancelling", status="running")
+    answer_jobs(page, "cancelling", [running])
+    page.route(re.compile(r"/api/training-jobs/9401$"), lambda route: route.fulfill(json=running))
+    cancelled = {
+        **running,
+        "status": "failed",
+        "error": "cancelled by an operator (POST /api/training-jobs/{id}/cancel)",
+    }
+    posts: list[str] = []
+
+    def cancel(route: Route) -> None:
+        posts.append(route.request.method)
+        route.fulfill(json=cancelled)
+
+    page.route(re.compile(r"/api/training-jobs/9401/cancel$"), cancel)
+    page.reload()
+    open_studio(page, "cancelling", "person")
+    expect(page.get_by_test_id("job-status")).to_have_text("running")
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.get_by_test_id("job-cancel").click()
+    expect(page.get_by_test_id("job-status")).to_have_text("running")  # asked first, and kept when told no
+    assert asked == ["Cancel job 9401? Its trainer stops at the end of the stage it is in."] and posts == []
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.get_by_test_id("job-cancel").click()
+    expect(page.get_by_test_id("job-status")).to_have_text("failed")
+    expect(page.get_by_test_id("job-error")).to_have_text(cancelled["error"])
+    expect(page.get_by_test_id("job-cancel")).to_have_count(0)
+    assert posts == ["POST"]

@@ -152,6 +152,13 @@ def report_failed(job_id: JobId, failed: FailedIn, jobs: JobsDep) -> TrainingJob
     return job_out(jobs.failed(job_id, failed.trainer, failed.message, failed.attempt), jobs)
 
 
+@router.post("/{job_id:int}/cancel", dependencies=[Writer])
+def cancel_job(job_id: JobId, jobs: JobsDep) -> TrainingJobOut:
+    """Cancel a queued or running job: it ends as failed, "cancelled"; a running job's trainer stops at the end of
+    its current stage. 409 for a job that is done or failed."""
+    return job_out(jobs.cancel(job_id), jobs)
+
+
 @router.post("/{job_id:int}/deploy", dependencies=[Writer])
 def deploy_job(job_id: JobId, jobs: JobsDep, session: SessionDep) -> FilterOut:
     """The job's bundle through the filter registry to the edges (a new revision when the filter exists); 409 for

@@ -1074,8 +1074,29 @@ function trainingView(job) {
   if (failed) {
     parts.push(el("p", { class: "message error", "data-testid": "job-error" }, job.error || "failed"));
   }
+  if (job.status === "queued" || job.status === "running") parts.push(cancelView(job));
   if (job.status === "done") parts.push(...resultView(job));
   return parts;
+}
+
+/** Cancel, for a job queued by mistake (a huge input size, a slow kind): it ends as failed, "cancelled". */
+function cancelView(job) {
+  const button = el("button", { type: "button", class: "secondary small", "data-testid": "job-cancel" }, "Cancel job");
+  const message = el("p", { class: "message", role: "status", "data-testid": "cancel-message" });
+  button.addEventListener("click", async () => {
+    const running = job.status === "running" ? " Its trainer stops at the end of the stage it is in." : "";
+    if (!confirm(`Cancel job ${job.id}?${running}`)) return;
+    button.disabled = true;
+    try {
+      const cancelled = await api(`/api/training-jobs/${job.id}/cancel`, { method: "POST" });
+      if (training.job && training.job.id === job.id) showTrainingJob(cancelled);
+    } catch (err) {
+      button.disabled = false;
+      message.className = "message error";
+      message.textContent = `Not cancelled: ${err.message}`;
+    }
+  });
+  return el("div", { class: "form-actions" }, button, message);
 }
 
 const f1 = (value) => (typeof value === "number" ? value.toFixed(2) : "–");
