@@ -41,7 +41,7 @@ def _listen(socket: zmq.Socket, config: ZmqConfig, port: int, setting: str, max_
         hint = (
             f"pick a free zmq.{setting} or stop what is using it"
             if exc.errno == zmq.EADDRINUSE
-            else "set zmq.bind to an address of this machine (0.0.0.0: all of them, 127.0.0.1: this one only, "
-            "::: all of IPv6)"
+            else "set zmq.bind to an address of this machine (0.0.0.0 or :: for all of them, 127.0.0.1 or ::1 for "
+            "this one only)"
         )
         raise FilterForwardError(f"cannot bind zmq.{setting} to {address} ({exc}): {hint}") from None
