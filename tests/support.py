@@ -3,7 +3,9 @@ Mosquitto broker, an event notification, frames read from a real clip, and the w
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import queue
 import shutil
 import socket
@@ -25,13 +27,26 @@ from cloud.storage import EventRecord, Notification
 
 BROKER = ("127.0.0.1", 1883)
 MQTT_WAIT = 20.0  # seconds; only keeps a broken test from hanging
+PORT_BLOCK = 2000  # ports per test process: each xdist worker (gw0, gw1, ...) has its own, from FIRST_PORT up
+FIRST_PORT = 20000
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_PORTS = itertools.cycle(range(FIRST_PORT + _WORKER % 6 * PORT_BLOCK, FIRST_PORT + (_WORKER % 6 + 1) * PORT_BLOCK))
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (another process could still take it before we bind)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port free on 127.0.0.1 right now, from this test process's own block below the kernel's ephemeral range
+    (32768-60999 by default). A port bound to 0 and let go came from that range, where every outgoing connection
+    takes its source port: a client's connection or the other xdist worker's server took one before the server
+    meant to have it bound it ("Address already in use", once in a CI run)."""
+    for _ in range(PORT_BLOCK):
+        port = next(_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use, or lingering after a server that just stopped
+            return port
+    raise RuntimeError(f"no free port among {PORT_BLOCK} of this test process's block")
 
 
 def wait_until(condition: Callable[[], bool], what: str = "the condition", timeout: float = 30.0) -> None:
