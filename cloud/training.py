@@ -284,7 +284,7 @@ class TrainingJobs:
 
     def cancel(self, job_id: int) -> TrainingJob:
         """End a queued or running job as failed, "cancelled": a queued one is never claimed; a running one's trainer
-        is refused at its next report (409) and stops at the end of the stage it is in. 409 for a finished job."""
+        is refused at its next report (409) and stops at its next training step. 409 for a finished job."""
         job = self.get(job_id)
         if job.status not in ("queued", "running"):
             raise TrainingError(

@@ -48,6 +48,7 @@ from models.memory import check_memory
 from models.microclassifiers import MicroClassifier
 from models.optimizer_kinds import OPTIMIZERS
 from models.roi import ROI
+from models.stopping import check_stop, stop_requested
 from models.training import (
     BalancedSampler,
     Curriculum,
@@ -73,6 +74,7 @@ ERROR_FILE = "error.txt"
 TORCHRUN_LOG = "torchrun.log"  # torchrun's own stdout and stderr (and what a worker writes before main runs)
 CONSOLE_ENV = "FILTERFORWARD_CONSOLE"  # the terminal rank 0 writes to, when the launcher's stderr is one
 TAIL_PERIOD = 0.2  # seconds between reads of rank 0's stderr file when there is no terminal
+STOP_POLL = 0.5  # seconds between looks for a stop request (models.stopping) while torchrun runs
 
 
 def rank_stderr(job_dir: Path, rank: int) -> Path:
@@ -130,11 +132,24 @@ def _run_torchrun(job_dir: Path, nproc: int) -> int:
         if tail:
             tail.start()
         try:
-            return subprocess.run(command, env=env, stdout=output, stderr=subprocess.STDOUT, check=False).returncode
+            with subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT) as torchrun:
+                return _wait_unless_stopped(torchrun)
         finally:
             stop.set()
             if tail:
                 tail.join()
+
+
+def _wait_unless_stopped(torchrun: subprocess.Popen) -> int:
+    """torchrun's exit code; a stop request (models.stopping) ends it, and torchrun its workers."""
+    while True:
+        try:
+            return torchrun.wait(STOP_POLL)
+        except subprocess.TimeoutExpired:
+            if stop_requested():
+                torchrun.terminate()
+                torchrun.wait()
+                check_stop()
 
 
 def _terminal() -> str | None:

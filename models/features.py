@@ -29,6 +29,7 @@ from models.datasets.labelled import LabelledDataset
 from models.errors import FilterForwardError
 from models.progress import progress_bar
 from models.roi import FULL_FRAME, ROI
+from models.stopping import check_stop
 from models.taps import PIXEL_TAP, PIXELS, check_input_size
 
 if TYPE_CHECKING:
@@ -193,6 +194,7 @@ def _fill(
     done = 0
     with progress_bar(progress, total=wanted.size, desc=f"base DNN on {dataset.name}", unit="frame") as bar:
         for indices, images in _batches(dataset, wanted, base.prepare, batch_size):
+            check_stop()
             outputs = {mirrored: _taps(base, images, taps, mirrored) for mirrored, taps in sides.items() if taps}
             for entry, array in zip(entries, arrays, strict=True):
                 _store(array, entry.request, outputs[entry.request.mirrored][entry.request.tap], indices)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,10 +44,9 @@ from models.training import (
     finish_training,
     fit_folds,
     fit_mc,
+    fit_pool,
     fold_plan,
     load_training_data,
-    torch_threads,
-    usable_cores,
     validate_fits,
 )
 
@@ -136,19 +135,13 @@ def best_draws(
     cross-validated. Every fold of every draw of every candidate queues in one pool, one fit per core: each is
     single-threaded torch on its own model, so it scores exactly what it would alone, and no core waits while
     another finishes a candidate's last draw."""
-    threads = max(candidate.threads for _, candidate in candidates)
-    workers = max(1, usable_cores() // threads)
-    with torch_threads(threads), ThreadPoolExecutor(workers, "fit") as pool:
-        try:
-            # The candidates share the event's labels and frames: a plan that cannot be made is said once.
-            started = [
-                (data, candidate, _start_draws(data, candidate, pool, warn=index == 0))
-                for index, (data, candidate) in enumerate(candidates)
-            ]
-            return [_keep_best(data, candidate, draws) for data, candidate, draws in started]
-        except BaseException:
-            pool.shutdown(cancel_futures=True)  # a failed fit or Ctrl-C: the fits still queued are not wanted
-            raise
+    with fit_pool(max(candidate.threads for _, candidate in candidates)) as pool:
+        # The candidates share the event's labels and frames: a plan that cannot be made is said once.
+        started = [
+            (data, candidate, _start_draws(data, candidate, pool, warn=index == 0))
+            for index, (data, candidate) in enumerate(candidates)
+        ]
+        return [_keep_best(data, candidate, draws) for data, candidate, draws in started]
 
 
 Draw = tuple[TrainConfig, FoldPlan, Iterator[tuple[MicroClassifier, list[float]]]]
@@ -195,5 +188,5 @@ def train_default(
 def fit_choice(choice: Choice, progress: bool = True) -> tuple[MicroClassifier, list[float]]:
     """The chosen candidate trained on every training frame, its ensemble's members side by side (one per core)."""
     config = choice.config
-    with torch_threads(config.threads), ThreadPoolExecutor(max(1, usable_cores() // config.threads), "fit") as pool:
+    with fit_pool(config.threads) as pool:
         return fit_mc(config, choice.data, progress, pool=pool)

@@ -57,6 +57,7 @@ from models.motion import fit_veto, no_veto_reason, region_foreground, still
 from models.optimizer_kinds import OPTIMIZERS
 from models.progress import progress_bar
 from models.roi import FULL_FRAME, ROI
+from models.stopping import check_stop, request_stop, stop_requested, withdraw_stop
 from models.taps import PIXEL_TAP, PIXELS, round_input_size
 
 log = logging.getLogger(__name__)
@@ -296,8 +297,7 @@ def fit_and_validate(
     """The MC trained on every training frame, its losses, and the cross-validation (cross_validate), their fits
     side by side as far as the cores allow: each trains its own model on `config.threads` torch threads, so each
     trains exactly what it would alone. The final fit shows progress; the folds log theirs."""
-    workers = max(1, usable_cores() // config.threads)
-    with torch_threads(config.threads), ThreadPoolExecutor(workers, "fit") as pool:
+    with fit_pool(config.threads) as pool:
         final = pool.submit(fit_mc, config, data, progress)
         validation = cross_validate(
             data, config, partial(fit_mc, config, progress=False), threshold=threshold, pool=pool
@@ -642,6 +642,26 @@ def usable_cores() -> int:
 
 
 @contextmanager
+def fit_pool(threads: int) -> Iterator[Executor]:
+    """A pool for fits of `threads` torch threads each, one per core. An exception or Ctrl-C in the thread that
+    waits on it stops the fits running in it at their next step and drops the queued ones: the pool's end would
+    otherwise wait minutes for fits nobody wants. That stop is withdrawn once they ended, unless one was requested
+    before (a trainer's cancelled job)."""
+    requested_before = stop_requested()
+    try:
+        with torch_threads(threads), ThreadPoolExecutor(max(1, usable_cores() // threads), "fit") as pool:
+            try:
+                yield pool
+            except BaseException as exc:
+                pool.shutdown(wait=False, cancel_futures=True)
+                request_stop(f"stopped: {type(exc).__name__} in the fit's caller")
+                raise
+    finally:
+        if not requested_before:
+            withdraw_stop()
+
+
+@contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """Run a block with this many torch CPU threads, then restore the previous setting."""
     previous = torch.get_num_threads()
@@ -768,6 +788,7 @@ def train_steps(
     losses: list[float] = []
     with progress_bar(progress, total=steps, desc="training MC", unit="step") as bar:
         for step, (frames, targets) in zip(range(1, steps + 1), batches, strict=False):
+            check_stop()
             inputs = data.inputs(frames, device, int(views[step - 1]))
             features, valid, difficulties = curriculum_inputs(*inputs, curricula, step)
             smoothed = targets * (1.0 - 2.0 * label_smoothing) + label_smoothing

@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from support import wait_until
 
 from edge.mcbank import CameraState, MCBank
 from filterforward.cli import main
@@ -42,6 +43,7 @@ from models.microclassifiers import Ensemble, build_mc
 from models.model_selection import DRAW_SEED_STEP, DRAWS, ENSEMBLE, best_draws
 from models.roi import ROI
 from models.smoother import smooth_scores
+from models.stopping import TrainingStopped, request_stop, stop_requested, stoppable
 from models.taps import EFFICIENTNET_LITE0_TAPS, PIXEL_TAP, default_input_size
 from models.training import (
     BalancedSampler,
@@ -52,6 +54,7 @@ from models.training import (
     finish_training,
     fit_and_validate,
     fit_mc,
+    fit_pool,
     load_training_data,
     make_optimizer,
     new_model,
@@ -605,6 +608,28 @@ def test_fits_side_by_side_train_what_they_would_one_after_another(clip: Labelle
     assert validation.point == alone.point and losses == losses_alone
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, model_alone.state_dict()[name], rtol=0, atol=0)
+
+
+def test_a_failure_beside_running_fits_stops_them_at_their_next_step(clip: LabelledDataset, base_model: Path) -> None:
+    """An error (or Ctrl-C) in the thread waiting on the fits left the pool's end waiting for the running ones:
+    minutes of training nobody wanted. A stop requested from outside (a trainer's cancelled job) stops them too."""
+    config = TrainConfig(event="any_object", architecture="full_frame", tap="late", input_size=CLIP_SIZE,
+                         frames=(0, 240), steps=100_000)  # fmt: skip
+    data = load_training_data(clip, config, base_model, progress=False)
+    steps_taken: list[int] = []
+    fit = partial(fit_mc, config, data, progress=False, on_step=lambda step, _: steps_taken.append(step))
+    with pytest.raises(KeyboardInterrupt), fit_pool(1) as pool:
+        running = [pool.submit(fit) for _ in range(usable_cores())]
+        wait_until(lambda: len(steps_taken) > 5, "the fits to train")
+        raise KeyboardInterrupt
+    assert all(isinstance(future.exception(), TrainingStopped) for future in running)
+    assert len(steps_taken) < config.steps
+    assert not stop_requested()  # the next training is not stopped
+    with stoppable():
+        request_stop("cancelled by an operator")
+        with pytest.raises(TrainingStopped, match="cancelled by an operator"):
+            fit_mc(config, data, progress=False)
+    assert not stop_requested()
 
 
 def test_ensemble_members_side_by_side_train_what_they_would_one_after_another(

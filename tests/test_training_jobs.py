@@ -227,6 +227,29 @@ def test_sigterm_stops_a_training_trainer_at_once_and_its_job_goes_back(
         assert client.post(f"/api/training-jobs/{job['id']}/failed", json=failed).status_code == 200
 
 
+def test_a_cancelled_job_stops_its_trainer_mid_training(cloud: CloudServer, base_model: Path, tmp_path: Path) -> None:
+    """The trainer learned of the cancel at its next report but stopped only at its stage's end: the fits on its
+    threads trained on (here for far longer than this test waits) while the job showed cancelled."""
+    job = queue_job(cloud, "cancelled-mid-job", options={"steps": 100_000})
+    trainer = start_trainer(cloud, TRAINER_TOKEN, base_model, tmp_path, "trainer-cancelled")
+
+    def training() -> bool:
+        return (get_job(cloud, job["id"])["progress"] or {}).get("stage") == "training" or trainer.poll() is not None
+
+    wait_until(training, "the trainer to start training", timeout=TRAINER_TIMEOUT)
+    with cloud.client() as client:
+        assert client.post(f"/api/training-jobs/{job['id']}/cancel").status_code == 200
+    try:
+        assert trainer.wait(timeout=120) == 1  # --once: the job was not done
+    finally:
+        trainer.kill()
+    log = (tmp_path / "trainer-cancelled.log").read_text()
+    assert f"training job {job['id']}: " in log and "stop working on it" in log, log
+    assert "Traceback" not in log, log
+    assert not list((tmp_path / "trainer-cancelled").glob("job-*"))
+    assert get_job(cloud, job["id"])["error"] == CANCELLED
+
+
 @pytest.mark.parametrize(
     ("option", "expected"),
     [

@@ -20,6 +20,7 @@ import numpy as np
 
 from models.errors import FilterForwardError
 from models.mc_kinds import AUTO
+from models.stopping import TrainingStopped, request_stop, stoppable
 from trainer.client import Cloud, CloudError, CloudUnreachable
 from trainer.report import Trained, examples_of, make_report, uncertain_frames
 
@@ -55,7 +56,7 @@ def run_job(cloud: Cloud, job: dict[str, Any], name: str, work: Path, base_model
     interval = min(HEARTBEAT, float(job["lease_seconds"]) / 3)
     started = time.monotonic()
     try:
-        with Reporter(cloud, job_id, name, attempt, interval) as reporter:
+        with stoppable(), Reporter(cloud, job_id, name, attempt, interval) as reporter:
             reporter.update("download", 0.0, f"downloading dataset {job['dataset']}")
             model_path = _base_model(base_model)
             root = fetch_dataset(cloud, job["archive_url"], folder)
@@ -66,7 +67,7 @@ def run_job(cloud: Cloud, job: dict[str, Any], name: str, work: Path, base_model
         _post_result(cloud, job_id, name, attempt, spec_path.parent, report)
         log.info("training job %d done: filter %s", job_id, job["filter"])
         return True
-    except JobLost as exc:
+    except (JobLost, TrainingStopped) as exc:
         log.warning("training job %d: %s", job_id, exc)
         return False
     except Exception as exc:  # every failure of a job is reported to the cloud; the trainer goes on with the next
@@ -153,7 +154,8 @@ def _post_failed(cloud: Cloud, job_id: int, name: str, attempt: int, reason: str
 class Reporter:
     """Posts the job's progress when a stage starts and every `interval` seconds from a thread, so the lease stays
     alive through long steps; the training's own log lines move the fraction and message along. When the cloud
-    answers 409 the job was given to another trainer: `check()` raises JobLost at the next stage."""
+    answers 409 (the job was cancelled or given to another trainer) or 404 (deleted), the training stops at its next
+    step (models.stopping) and `check()` raises JobLost between stages."""
 
     def __init__(self, cloud: Cloud, job_id: int, trainer: str, attempt: int, interval: float) -> None:
         self._cloud, self._job_id, self._trainer, self._attempt = cloud, job_id, trainer, attempt
@@ -215,7 +217,8 @@ class Reporter:
             if exc.status in (404, 409):  # deleted, or given to another trainer: nothing to renew any more
                 self._lost = str(exc)
                 self._stop.set()
-                log.warning("training job %d: %s; stopping once this stage ends", self._job_id, exc)
+                request_stop(self._lost)  # the fits on other threads stop at their next step
+                log.warning("training job %d: %s; stopping", self._job_id, exc)
             else:
                 log.warning("progress report refused: %s", exc)
         except CloudUnreachable as exc:
