@@ -105,7 +105,7 @@ def close(edge: Uplink) -> None:
 
 
 def send(edge: Uplink, index: int, jpeg: bytes) -> None:
-    edge.frame(MatchedFrame("cam", index, index / 30, {"bench": 0.9}, [], jpeg))
+    edge.frame(MatchedFrame("cam", index, index / 30, time.time(), {"bench": 0.9}, [], jpeg))
 
 
 def throughput(cloud: Cloud, folder: Path, count: int, frames: int, jpeg: bytes) -> tuple[int, float]:

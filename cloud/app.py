@@ -39,6 +39,7 @@ from cloud.datasets import Datasets
 from cloud.db import make_engine, session_factory
 from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
+from cloud.media_responses import get_and_head
 from cloud.metrics import ServiceCollector
 from cloud.notify import Notifier
 from cloud.publisher import Publisher
@@ -92,11 +93,7 @@ def create_app(config: CloudConfig, services: Services) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(status.HTTP_404_NOT_FOUND, _not_found)
     app.add_exception_handler(status.HTTP_405_METHOD_NOT_ALLOWED, _method_not_allowed)
-    for method in ("GET", "HEAD"):  # one route each: a shared one gave both the same OpenAPI operationId
-        app.add_api_route(
-            "/healthz", healthz, methods=[method], tags=["service"], responses=errors(503),
-            operation_id=f"healthz_{method.lower()}",
-        )  # fmt: skip
+    get_and_head(app, "/healthz", tags=["service"], responses=errors(503))(healthz)
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["service"], response_class=Response)
     app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
     app.mount("/static", StaticFiles(directory=WEB_DIR, check_dir=False), name="static")

@@ -253,10 +253,9 @@ class Datasets:
                     raise DatasetError(
                         409, f"dataset {name!r} is still {dataset.status} footage: give feedback once it is complete"
                     )
-                sizes = [frame.size for frame in frames]
-                _check_size(dataset, sizes, whose)
-                if sizes and dataset.width is None:  # it had no frame yet: the first one sets its size
-                    dataset.width, dataset.height = sizes[0]
+                _check_size(dataset, frames, whose)
+                if frames and dataset.width is None:  # it had no frame yet: the first one sets its size
+                    dataset.width, dataset.height = frames[0].size
                 frames = [_unpadded(frame, (dataset.width, dataset.height)) for frame in frames]
                 held = dict(
                     session.execute(
@@ -295,11 +294,11 @@ class Datasets:
         self.refresh(name)
         return len(written)
 
-    def check_size(self, name: str, sizes: Sequence[tuple[int, int]], whose: str) -> None:
+    def check_size(self, name: str, frames: Sequence[SourceFrame], whose: str) -> None:
         """Refuses images of another size than the dataset's (the first one's when it has none yet), as append does:
         a request that appends in several parts checks all of them first."""
         with self._sessions() as session:
-            _check_size(self.get(session, name), sizes, whose)
+            _check_size(self.get(session, name), frames, whose)
 
     def set_region(self, name: str, event: str, polygon: list[tuple[float, float]] | None) -> None:
         _check_event(event)
@@ -455,18 +454,29 @@ def _check_event(event: str) -> None:
         raise DatasetError(422, f"{event!r} is a column of labels.csv itself, not an event: name the event otherwise")
 
 
-def _check_size(dataset: Dataset, sizes: Sequence[tuple[int, int]], whose: str) -> None:
-    """An image folder of mixed sizes cannot be trained on: a frame an edge uploaded as its region of interest only
-    (`upload: {crop: roi}`) or scaled down is refused. A dataset without frames yet takes the first one's size."""
-    if not sizes:
+def _check_size(dataset: Dataset, frames: Sequence[SourceFrame], whose: str) -> None:
+    """An image folder of mixed sizes cannot be trained on: a frame of a camera of another size, or one an edge
+    uploaded as its region of interest only (`upload: {crop: roi}`) or scaled down, is refused. A dataset without
+    frames yet takes the first one's size."""
+    if not frames:
         return
-    expected = sizes[0] if dataset.width is None or dataset.height is None else (dataset.width, dataset.height)
-    if other := next((size for size in sizes if size not in (expected, _padded(expected))), None):
+    expected = frames[0].size if dataset.width is None or dataset.height is None else (dataset.width, dataset.height)
+    other = next((frame for frame in frames if frame.size not in (expected, _padded(expected))), None)
+    if other is None:
+        return
+    (width, height), size = other.size, f"{expected[0]}x{expected[1]}"
+    if dataset.camera is not None and (other.edge, other.camera) != (dataset.edge_id, dataset.camera):
         raise DatasetError(
             422,
-            f"{whose} are a cropped or scaled upload ({other[0]}x{other[1]}), not the dataset's "
-            f"{expected[0]}x{expected[1]} frames: label footage of the camera instead",
+            f"{whose} are from camera {other.camera!r} ({width}x{height}); dataset {dataset.name!r} holds the {size} "
+            f"frames of camera {dataset.camera!r}: give feedback on that camera's events only, or record footage of "
+            f"{other.camera!r} into a dataset of its own",
         )
+    raise DatasetError(
+        422,
+        f"{whose} are {width}x{height}, not the dataset's {size} frames (a camera of another size, or an edge that "
+        "uploads them cropped or scaled: its upload crop or scale): label footage of that camera instead",
+    )
 
 
 def _padded(size: tuple[int, int]) -> tuple[int, int]:

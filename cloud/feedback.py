@@ -107,9 +107,8 @@ class Feedback:
         only what is missing). Frames of another size than the dataset's (a cropped upload) are refused, all or
         nothing: with several chunks, every image's size is checked before the first chunk is added."""
         chunks = [ids[start : start + CHUNK] for start in range(0, len(ids), CHUNK)]
-        if len(chunks) > 1:  # (one chunk: append checks it)
-            sizes = [frame.size for chunk in chunks for frame in self._read(chunk)]
-            self._datasets.check_size(dataset, sizes, whose)
+        for chunk in chunks if len(chunks) > 1 else []:  # (one chunk: append checks it)
+            self._datasets.check_size(dataset, self._read(chunk), whose)
         added = labelled = 0
         for chunk in chunks:
             frames = self._read(chunk)
@@ -142,14 +141,19 @@ class Feedback:
 
 def _camera_frames(session: Session, which: ColumnElement[bool], limit: int | None) -> list[int]:
     """One stored frame per camera frame among those `which` selects that have an image: the first row with an image
-    stored of it (whichever filter matched it then), oldest first."""
+    stored of it (whichever filter matched it then), in stream order: the edge's runs (starts) oldest first, each
+    run's frames by index. (Edges before 2026-12-08 stamped a back-dated frame with the time it was sent, after
+    frames processed later; an edge's clock may also step back.)"""
     keys = select(*CAMERA_FRAME).where(which, StoredFrame.has_image).distinct().subquery()
     query = (
-        select(func.min(StoredFrame.id))
+        select(func.min(StoredFrame.id), StoredFrame.run, StoredFrame.frame_index, func.min(StoredFrame.captured_at))
         .join(keys, and_(*(column == keys.c[column.key] for column in CAMERA_FRAME)))
         .where(StoredFrame.has_image)
         .group_by(*CAMERA_FRAME)
-        .order_by(func.min(StoredFrame.captured_at), func.min(StoredFrame.id))
-        .limit(limit)
     )
-    return list(session.scalars(query))
+    rows = session.execute(query).all()
+    run_started: dict[str, datetime] = {}
+    for _, run, _, captured in rows:
+        run_started[run] = min(captured, run_started.get(run, captured))
+    rows.sort(key=lambda row: (run_started[row[1]], row[1], row[2]))
+    return [row[0] for row in rows[:limit]]

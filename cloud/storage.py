@@ -279,6 +279,19 @@ def _close_abandoned(session: Session, edge: str, run: str) -> list[int]:
     return [event.id for event in abandoned]
 
 
+def _extend_guessed_ends(session: Session, uids: list[str], frame: StoredFrame) -> None:
+    """A frame of an event that ended before it: one _close_abandoned closed at the last frame stored when the edge
+    restarted, whose run's later frames the restarted edge resends from its spool (after its hello). They move the
+    guessed end on. (An edge's own end message comes after all of its event's frames.)"""
+    if not uids:
+        return
+    ended_before = session.scalars(
+        select(Event).where(Event.uid.in_(uids), Event.ended_at.is_not(None), Event.end_frame < frame.frame_index)
+    )
+    for event in ended_before:
+        event.end_frame, event.end_time, event.ended_at = frame.frame_index, frame.stream_time, frame.captured_at
+
+
 def _record(session: Session, event: Event) -> EventRecord:
     return EventRecord(**event.described(), thumbnail=session.scalar(select(thumbnail_of(event))))
 
@@ -378,6 +391,7 @@ class Storage:
             if not frame.has_image and header.payload == "none":
                 frame.fragment_id = self._fragment_holding(session, frame)
             session.add_all(EventFrame(event_uid=uid, frame_id=frame.id) for uid in uids)
+            _extend_guessed_ends(session, uids, frame)
 
         return _Write(index, path, uids, work)
 

@@ -46,6 +46,14 @@ UPLINK_METRICS = (
     ("sent_bytes", "sent_bytes", True, "bytes sent to the cloud, resends included"),
     ("acked", "acked", True, "messages the cloud acknowledged"),
     ("connected", "cloud_reachable", False, "1 while the cloud answers within the link's timeout"),
+    (
+        "refusals",
+        "cloud_refusals",
+        True,
+        "answers of the cloud refusing a message (an edge key it no longer allows, "
+        "a message naming another edge: the log says why once); a growing count needs an operator",
+    ),
+    ("refused", "refused", True, "spooled messages the cloud refuses for good (another edge's name), dropped"),
     ("footage_recording", "footage_recording", False, "footage requests being recorded"),
     ("footage_recorded", "footage_recorded", True, "footage frames recorded to the edge's disk"),
     ("footage_waiting", "footage_waiting", False, "footage messages recorded, not yet spooled"),

@@ -76,6 +76,8 @@ class _Recent:
 
     frame: Frame
     scores: dict[str, float]
+    processed: float = field(default_factory=time.time)  # unix time
+    matched: bool = False  # some filter matched it (counted once, however many messages it goes in)
     sent_quality: int = 0  # JPEG quality already sent for this frame (0: none)
     streamed: bool = False  # it went in the camera's stream
 
@@ -258,9 +260,12 @@ class CameraPipeline:
         recent.streamed |= stream
         encodings = [] if stream else [e for n in matched if (e := self._tracks[n].spec.encoding).kind != "clip"]
         jpeg = recent.jpeg_to_send(max(e.jpeg_quality for e in encodings)) if encodings else b""
-        self.stats.matched += 1
+        self.stats.matched += not recent.matched
+        recent.matched = True
         self.stats.bytes_out += len(jpeg)
-        self.sink.frame(MatchedFrame(self.camera, frame.index, frame.timestamp, matched, events, jpeg))
+        self.sink.frame(
+            MatchedFrame(self.camera, frame.index, frame.timestamp, recent.processed, matched, events, jpeg)
+        )
         if stream:  # after the frame's message: the cloud links the frames a fragment holds when it arrives
             self._streamed = frame.index
             crop = self._crop(frame)

@@ -27,6 +27,7 @@ class MatchedFrame:
     camera: str
     index: int
     timestamp: float
+    wall_time: float  # unix time when the edge processed it (a back-dated frame is sent later)
     scores: dict[str, float]  # filter name -> score, for the filters that matched
     events: list[str] = field(default_factory=list)  # ids of the events the frame belongs to
     jpeg: bytes = b""

@@ -75,7 +75,7 @@ class Uplink:
                 camera=matched.camera,
                 frame=matched.index,
                 timestamp=matched.timestamp,
-                wall_time=time.time(),
+                wall_time=matched.wall_time,
                 scores=matched.scores,
                 events=matched.events,
                 payload="jpeg" if matched.jpeg else "none",
@@ -163,6 +163,7 @@ class Uplink:
             "sent_bytes": self.counts["sent_bytes"],
             "acked": self.counts["acked"],
             "refused": self.counts["refused"],
+            "refusals": self.link.refused,
             "footage_spooled": self.counts["footage_spooled"],
         }
 

@@ -344,6 +344,31 @@ def test_clips(scene: Scene) -> None:
         assert "no stored clip, stream or JPEG frames" in none.json()["detail"]
 
 
+def test_clips_and_frames_answer_head_and_byte_ranges(scene: Scene) -> None:
+    """Browsers seek in an MP4 by asking for byte ranges (Safari plays no video whose server ignores them), and
+    players, caches and link checkers ask HEAD first: a clip made from the frames (or the stream) answered every
+    range with the whole body, and HEAD with 405."""
+    frame = get(scene, f"/api/events/{event_id(scene, 'e7')}/frames")[0]["image_url"]
+    made, stored = (f"/api/events/{event_id(scene, uid)}/clip.mp4" for uid in ("e7", "e6"))
+    with scene.server.client(READ_ONLY) as client:
+        for url in (made, stored, frame):
+            whole = client.get(url).content
+            head = client.head(url)
+            assert (head.status_code, head.content, head.headers["accept-ranges"]) == (200, b"", "bytes"), url
+            assert int(head.headers["content-length"]) == len(whole)
+            for asked, part in [("10-19", whole[10:20]), ("20-", whole[20:]), ("-5", whole[-5:])]:
+                answer = client.get(url, headers={"Range": f"bytes={asked}"})
+                assert (answer.status_code, answer.content) == (206, part), (url, asked)
+                first = len(whole) - len(part) if asked.startswith("-") else int(asked.split("-")[0])
+                assert answer.headers["content-range"] == f"bytes {first}-{first + len(part) - 1}/{len(whole)}"
+            beyond = client.get(url, headers={"Range": f"bytes={len(whole)}-"})
+            assert (beyond.status_code, beyond.headers["content-range"]) == (416, f"bytes */{len(whole)}"), url
+        several = client.get(made, headers={"Range": "bytes=0-1,5-6"})  # may be ignored (RFC 9110): the whole clip
+        assert (several.status_code, several.content) == (200, client.get(made).content)
+        operations = client.get("/openapi.json").json()["paths"]
+    assert set(operations["/api/events/{event_id}/clip.mp4"]) == {"get", "head"}
+
+
 def test_edges_and_cameras(scene: Scene) -> None:
     (edge,) = get(scene, "/api/edges")
     assert edge["id"] == EDGE

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import pytest
 from cloud_server import READ_ONLY, READ_WRITE, CloudServer, finish_trainer, job_model, run_cloud_on, start_trainer
 
 from cloud.dataset_folders import DatasetFolders
-from cloud.datasets import Datasets, SourceFrame, image_size
+from cloud.datasets import DatasetError, Datasets, SourceFrame, image_size
 from cloud.db import Dataset, DatasetFrame, StoredFrame, make_engine, session_factory
 from models.datasets import LabelledDataset, write_synthetic
 
@@ -308,7 +308,10 @@ def test_frames_of_another_size_than_the_datasets_are_refused(
     before, labelled = rest(cloud, "GET", f"/api/datasets/{DATASET}").json(), labels(cloud)
     assert (before["width"], before["height"]) == (160, 96)
     cropped = event_id(cloud, "ev-crop")
-    why = "are a cropped or scaled upload (80x48), not the dataset's 160x96 frames: label footage of the camera instead"
+    why = (
+        "are 80x48, not the dataset's 160x96 frames (a camera of another size, or an edge that uploads them cropped or "
+        "scaled: its upload crop or scale): label footage of that camera instead"
+    )
     cases = [
         (f"/api/events/{cropped}/feedback", {"value": 1}, f"frames of event {cropped} {why}"),
         (f"/api/events/{cropped}/feedback", {"value": 1, "frames": frame_ids(cloud, cropped)[1:3]},
@@ -410,3 +413,46 @@ def test_feedback_on_a_frame_the_footage_holds_relabels_it_rather_than_copying_i
     with sessions() as session:
         assert datasets.labels(session, "foot")["car"] == {0: 0, 1: 1, 2: 0, 3: 1}
         assert datasets.frame_count(session, "foot") == 4
+
+
+def test_feedback_frames_are_taken_in_stream_order_whatever_their_wall_times(tmp_path: Path) -> None:
+    """Edges before 2026-12-08 stamped a back-dated frame (a k-of-n event's first frames) with the time it was sent,
+    after frames processed later: ordered by that time, camera frames 316, 315, 317 became dataset frames in that
+    order. Now a run's frames go by index, the runs (the edge's starts) oldest first."""
+    from cloud.feedback import _camera_frames
+
+    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
+    start = datetime(2026, 12, 8, tzinfo=UTC)
+    stored = [  # (id, run, camera frame, seconds after start, an image stored)
+        (1, "later", 317, 20.0, True),
+        (2, "later", 315, 20.3, True),  # back-dated: sent after 317
+        (3, "later", 316, 20.3, True),
+        (4, "earlier", 900, 1.0, True),  # the run before: its indices are higher
+        (5, "later", 316, 20.1, False),  # frame 316 again, another filter's match without an image
+    ]
+    with sessions.begin() as session:
+        for frame_id, run, index, seconds, image in stored:
+            session.add(StoredFrame(id=frame_id, edge_id="e", seq=frame_id, run=run, camera="c", frame_index=index,
+                                    stream_time=index / 15, captured_at=start + timedelta(seconds=seconds),
+                                    scores={}, path=f"{frame_id}.jpg" if image else None))  # fmt: skip
+    with sessions() as session:
+        assert _camera_frames(session, StoredFrame.camera == "c", limit=None) == [4, 2, 3, 1]
+        assert _camera_frames(session, StoredFrame.camera == "c", limit=2) == [4, 2]
+
+
+def test_feedback_from_another_camera_than_a_footage_datasets_is_refused_naming_both(tmp_path: Path) -> None:
+    """A studio filter running on every camera fires on one of another size: its frames were refused as "a cropped
+    or scaled upload", which they were not."""
+    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
+    datasets = Datasets(sessions, DatasetFolders(tmp_path / "datasets"))
+    with sessions.begin() as session:
+        session.add(Dataset(name="yard", source="footage", status="complete", edge_id="e", camera="yard", width=64,
+                            height=48, frames=0, regions={}))  # fmt: skip
+    campus = SourceFrame(7, "e", "r", "campus", 70, 7.0, jpeg(np.zeros((24, 32, 3), np.uint8)))
+    with pytest.raises(DatasetError) as refused:
+        datasets.append("yard", "car", 1, [campus], "frames of event 3")
+    assert refused.value.status == 422
+    assert str(refused.value) == (
+        "frames of event 3 are from camera 'campus' (32x24); dataset 'yard' holds the 64x48 frames of camera 'yard': "
+        "give feedback on that camera's events only, or record footage of 'campus' into a dataset of its own"
+    )

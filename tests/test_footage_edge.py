@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -269,7 +270,7 @@ def test_footage_waits_while_matched_frames_wait_in_the_spool(peer: Peer, tmp_pa
     peer.holding = True  # the cloud does not acknowledge yet: the matched frames stay spooled
     edge = Edge(peer, tmp_path)
     for index in range(BACKLOG + 2):
-        edge.uplink.frame(MatchedFrame("gate", index, index / FPS, {"red": 0.9}, [], JPEG))
+        edge.uplink.frame(MatchedFrame("gate", index, index / FPS, time.time(), {"red": 0.9}, [], JPEG))
     ask(peer, request(max_frames=5))
     for index in range(5):
         edge.recorder.offer("gate", frame(index))

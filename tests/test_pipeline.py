@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -197,8 +198,16 @@ def test_a_frame_goes_out_as_jpeg_once_when_a_second_filter_backfills_it(
         (1, ["patient"]),
     ]
     assert first_two[0]["file"] == first_two[2]["file"] and first_two[2]["file"] is not None
+    # A frame's wall time is when it was processed, whichever filter sent it and when (it was when it was sent: the
+    # back-dated frames 0-1 of "patient" came after frame 2, and the cloud's feedback put them after it).
+    processed: dict[int, float] = {}
+    for record in records:
+        if record["type"] == "frame":
+            assert processed.setdefault(record["index"], record["wall_time"]) == record["wall_time"]
+    assert [processed[index] for index in sorted(processed)] == sorted(processed.values())
     on_disk = sum(path.stat().st_size for path in (tmp_path / "frames").rglob("*.jpg"))
     assert pipeline.stats.bytes_out == on_disk  # each of the 40 frames' JPEG was sent exactly once
+    assert pipeline.stats.matched == 40  # frames matched, not messages (frames 0-1 were counted twice: 42 of 40)
 
 
 @pytest.mark.parametrize("eager", ["stream", "jpeg"])
@@ -414,7 +423,7 @@ def test_a_restarted_edge_keeps_the_files_of_the_start_before(tmp_path: Path) ->
     starts = [FolderSink(tmp_path), FolderSink(tmp_path)]
     event = Event("gate/cars/60", "cars", "gate", 60, 2.4, 61, 2.44, 0.9, 60)
     for number, sink in enumerate(starts):
-        sink.frame(MatchedFrame("gate", 60, 2.4, {"cars": 0.9}, [event.id], f"jpeg {number}".encode()))
+        sink.frame(MatchedFrame("gate", 60, 2.4, time.time(), {"cars": 0.9}, [event.id], f"jpeg {number}".encode()))
         sink.event("end", event, clip=f"clip {number}".encode())
         sink.close()
     assert starts[0].run != starts[1].run

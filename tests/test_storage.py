@@ -557,6 +557,12 @@ def test_a_restarted_edge_closes_the_events_its_killed_run_left_open(storage: St
     assert ends["never-framed"] == (50, 5.0, datetime.fromtimestamp(T0 + 5.0, UTC))  # at its start
     assert storage.edge_hello(EDGE, Hello(edge=EDGE, run="run-2", cameras=[CAMERA]), None) == []  # once
 
+    # The restarted edge resends the old run's spool after its hello: its frames move the guessed end on (they lay
+    # after it, 186 frames in a probe, with the event saying it had ended before them).
+    storage.store_frame(EDGE, frame(5, "cut-off", index=20), b"c")
+    [cut] = rows(sessions, Event, Event.uid.endswith("/cut-off"))
+    assert (cut.end_frame, cut.end_time, as_utc(cut.ended_at)) == (20, 2.0, datetime.fromtimestamp(T0 + 2.0, UTC))
+
     late_end = storage.store_event(EDGE, event(6, "end", "cut-off"), b"")  # resent from the old run's spool
     assert phases(late_end) == []  # its end went out already
     [cut] = rows(sessions, Event, Event.uid.endswith("/cut-off"))

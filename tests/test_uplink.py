@@ -29,6 +29,7 @@ from common.curve import create_keypair
 from common.protocol import Stats, decode
 from edge.config import CloudLink, SpoolConfig, load_edge_config
 from edge.link import Link
+from edge.metrics import EdgeCollector
 from edge.sink import MatchedFrame
 from edge.uplink import Uplink
 from models.errors import FilterForwardError
@@ -137,7 +138,7 @@ def close(link: Link, uplink: Uplink) -> None:
 
 def send_frames(uplink: Uplink, count: int, start: int = 0, events: list[str] | None = None) -> None:
     for index in range(start, start + count):
-        uplink.frame(MatchedFrame("gate", index, index / 10, {"red": 0.9}, events or [], JPEG))
+        uplink.frame(MatchedFrame("gate", index, index / 10, time.time(), {"red": 0.9}, events or [], JPEG))
 
 
 def test_frames_and_events_arrive_once_and_are_acknowledged(cloud: Cloud, tmp_path: Path) -> None:
@@ -265,6 +266,10 @@ def test_another_edge_s_key_gets_its_messages_refused_and_logged_once(
         send_frames(impostor, 3)
         wait_until(lambda: link.refused >= 6 and impostor.counts["refused"] == 3)  # hello, heartbeats, frames
         close(link, impostor)
+    # The edge's own metrics show it (the cloud answers, so cloud_reachable is 1 all along; an operator saw nothing).
+    metrics = {m.name: m.samples[0].value for m in EdgeCollector(EDGE, dict, impostor.stats).collect() if m.samples}
+    assert metrics["filterforward_edge_uplink_cloud_refusals"] == link.refused
+    assert metrics["filterforward_edge_uplink_refused"] == 3
     refusals = [r.getMessage() for r in caplog.records if "refused a message" in r.getMessage()]
     assert len(refusals) == 1 and "key belongs to edge 'edge-1'" in refusals[0]
     assert curve_cloud.stored_seqs("edge-2") == curve_cloud.stored_seqs() == []

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from cloud.auth import require
 from cloud.datasets import DatasetError, Datasets, EventCounts
 from cloud.db import Dataset
+from cloud.media_responses import get_and_head
 from cloud.routers import DatasetsDep, EachPartOnce, SessionDep
 from cloud.schemas import Number, UtcDatetime, errors
 from common.protocol import ID_PATTERN
@@ -153,7 +154,8 @@ def delete_dataset(name: DatasetName, datasets: DatasetsDep) -> None:
     datasets.delete(name)
 
 
-@router.get(
+@get_and_head(
+    router,
     "/{name}/frames/{number}.jpg",
     dependencies=[Reader],
     response_class=FileResponse,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, status
 from fastapi.responses import FileResponse
 from pydantic import BeforeValidator
 from sqlalchemy import Select, and_, func, or_, select
@@ -26,6 +26,7 @@ from cloud.clips import encode_clip
 from cloud.db import Event, EventFrame, StoredFrame, as_utc, thumbnail_of
 from cloud.framestore import FrameStore
 from cloud.links import clip_path, frame_path
+from cloud.media_responses import get_and_head, ranged
 from cloud.routers import SessionDep, StoreDep, not_found
 from cloud.schemas import EventOut, EventPage, FrameOut, errors
 from models.errors import FilterForwardError
@@ -120,7 +121,8 @@ def event_frames(event_id: RowId, session: SessionDep) -> list[FrameOut]:
     ]
 
 
-@router.get(
+@get_and_head(
+    router,
     "/frames/{frame_id}.jpg",
     response_class=Response,
     responses={
@@ -131,7 +133,7 @@ def event_frames(event_id: RowId, session: SessionDep) -> list[FrameOut]:
         }
     },
 )
-def frame_image(frame_id: RowId, session: SessionDep, store: StoreDep) -> Response:
+def frame_image(frame_id: RowId, request: Request, session: SessionDep, store: StoreDep) -> Response:
     frame = session.get(StoredFrame, frame_id)
     if frame is None:
         raise not_found(f"frame {frame_id} is not stored (unknown, or removed by retention)")
@@ -144,15 +146,16 @@ def frame_image(frame_id: RowId, session: SessionDep, store: StoreDep) -> Respon
     headers = {"Cache-Control": "private, max-age=86400"}
     if (crop := streams.frame_crop(session, store, frame)) is not None:
         headers[CROP_HEADER] = ",".join(f"{key}={value}" for key, value in crop.model_dump().items())
-    return Response(data, media_type="image/jpeg", headers=headers)
+    return ranged(request, data, "image/jpeg", headers)
 
 
-@router.get(
+@get_and_head(
+    router,
     "/events/{event_id}/clip.mp4",
     response_class=Response,
     responses={200: {"content": {"video/mp4": {}}, "description": "the edge's clip, or one made from its frames"}},
 )
-def event_clip(event_id: RowId, session: SessionDep, store: StoreDep) -> Response:
+def event_clip(event_id: RowId, request: Request, session: SessionDep, store: StoreDep) -> Response:
     event = _event(session, event_id)
     if event.clip_path is not None:
         try:
@@ -162,11 +165,11 @@ def event_clip(event_id: RowId, session: SessionDep, store: StoreDep) -> Respons
     frames = _frames_of(session, event)
     try:
         if (video := streams.event_video(session, store, frames)) is not None:
-            return Response(video, media_type="video/mp4")
+            return ranged(request, video, "video/mp4")
         jpegs = [frame for frame in frames if frame.path is not None]
         if not jpegs:
             raise not_found(f"event {event_id} has no stored clip, stream or JPEG frames to make one from")
-        return Response(encode_clip(_stored_jpegs(store, jpegs)), media_type="video/mp4")
+        return ranged(request, encode_clip(_stored_jpegs(store, jpegs)), "video/mp4")
     except FilterForwardError as exc:
         raise not_found(f"event {event_id}: {exc}") from None
 
