@@ -385,7 +385,8 @@ def test_edges_and_cameras(scene: Scene) -> None:
     ]
     assert cameras[0]["stats"]["fps"] == 12.0
     with scene.server.client(READ_ONLY) as client:
-        assert client.get("/api/edges/unknown-edge").status_code == 404
+        unknown = client.get("/api/edges/unknown-edge")
+        assert unknown.status_code == 404 and "is known (it never connected, or was forgotten)" in unknown.text
 
 
 def test_an_edge_not_heard_for_longer_than_the_timeout_is_offline(scene: Scene) -> None:

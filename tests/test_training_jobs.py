@@ -6,6 +6,7 @@ trainer that dies loses its job to the next one, a stale trainer is refused, and
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import threading
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from cloud_server import (
     READ_ONLY,
@@ -33,6 +35,7 @@ from filterforward.cli import main
 from filterforward.commands.trainer import idle_wait
 from models.bundle import write_bundle
 from models.datasets import LabelledDataset, open_dataset, write_synthetic
+from models.errors import FilterForwardError
 from trainer.job import extract_safely
 
 TRAINER_TOKEN = "api-test-trainer-token-345678"
@@ -567,6 +570,47 @@ def test_a_trained_result_waits_for_a_cloud_that_restarts_as_it_is_posted(
     finally:
         back.join()
     assert get_job(cloud, job["id"])["status"] == "done"
+
+
+def test_a_job_that_fails_right_after_entering_a_stage_is_shown_failed_in_that_stage(
+    cloud: CloudServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The progress thread posts a new stage when it gets to it: a job that failed at once in cross-validation (too
+    few labels) read "failed in features 5%" in the studio. Its messages were every log line of the training, such
+    as what the base model was pruned to."""
+    from trainer.client import Cloud
+    from trainer.job import Reporter
+
+    job = queue_job(cloud, "failed-at-once")
+    assert claim(cloud, "trainer-quick").json()["id"] == job["id"]
+    caplog.set_level(logging.INFO, logger="models")  # as the trainer logs
+    with Reporter(Cloud(cloud.url, TRAINER_TOKEN), job["id"], "trainer-quick", 1, interval=60) as reporter:
+        reporter.update("features", 0.0, "base-DNN features")
+        reporter.update("training", 0.0, "cross-validating")
+        logging.getLogger("models.training").info("cross-validation fold 1 of 3: 20 held-out frames")
+        logging.getLogger("models.base_runtime").info("base model x.onnx pruned to late")  # no progress to a person
+    # the training fails here
+    progress = get_job(cloud, job["id"])["progress"]
+    assert (progress["stage"], progress["message"]) == ("training", "cross-validation fold 1 of 3: 20 held-out frames")
+    with cloud.client(TRAINER_TOKEN) as client:
+        failed = {"trainer": "trainer-quick", "message": "done with this test"}
+        assert client.post(f"/api/training-jobs/{job['id']}/failed", json=failed).status_code == 200
+
+
+def test_a_job_whose_labels_are_of_one_kind_says_to_label_the_other(tmp_path: Path) -> None:
+    """It failed with the CLI's advice, "pick a training range with both": a job trains on every labelled frame."""
+    from trainer.job import job_config
+
+    dataset = write_synthetic(tmp_path, n_frames=30, size=(160, 96), seed=0)
+    dataset.labels[EVENT] = np.where(dataset.labels[EVENT] == 1, 1, -1)  # only the frames with the object labelled
+    job = {"event": EVENT, "filter": "one-kind", "options": {}}
+    with pytest.raises(FilterForwardError) as refused:
+        job_config(job, dataset, threads=1)
+    positive = int((dataset.labels[EVENT] == 1).sum())
+    assert str(refused.value) == (
+        f"'{EVENT}' has {positive} frame(s) labelled with it and 0 without it: label frames of both kinds, then train "
+        "again"
+    )
 
 
 def test_trainers_claiming_at_once_never_share_a_job(cloud: CloudServer) -> None:

@@ -344,7 +344,7 @@ def test_a_running_job_can_be_cancelled_from_the_studio(page: Page, cloud: Cloud
     page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
     page.get_by_test_id("job-cancel").click()
     expect(page.get_by_test_id("job-status")).to_have_text("running")  # asked first, and kept when told no
-    assert asked == ["Cancel job 9401? Its trainer stops at the end of the stage it is in."] and posts == []
+    assert asked == ["Cancel job 9401? Its trainer stops within seconds."] and posts == []
     page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_test_id("job-cancel").click()
     expect(page.get_by_test_id("job-status")).to_have_text("failed")

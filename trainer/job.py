@@ -164,6 +164,7 @@ class Reporter:
         self._lock = threading.Lock()
         self._wake, self._stop = threading.Event(), threading.Event()
         self._lost: str | None = None
+        self._posted = True  # the cloud has the latest state
         self._notes = 0  # log lines seen in the current stage
         self._thread = threading.Thread(target=self._run, name=f"progress-{job_id}", daemon=True)
         self._handler = _LogToProgress(self)
@@ -174,10 +175,14 @@ class Reporter:
         return self
 
     def __exit__(self, *_exc: object) -> None:
+        """Stop reporting; the latest state is posted first if the thread had not yet (a job that fails right after
+        entering a stage read "failed in" the stage before)."""
         logging.getLogger("models").removeHandler(self._handler)
         self._stop.set()
         self._wake.set()
         self._thread.join()
+        if not self._posted and self._lost is None:
+            self._post()
 
     def update(self, stage: str, within: float, message: str) -> None:
         """Enter (or move within) a stage: `within` is 0..1 of the stage; posted at once."""
@@ -187,6 +192,7 @@ class Reporter:
             if stage != self._state["stage"]:
                 self._notes = 0
             self._state = {"stage": stage, "fraction": round(start + (end - start) * within, 4), "message": message}
+            self._posted = False
         self._wake.set()
 
     def note(self, message: str) -> None:
@@ -197,6 +203,7 @@ class Reporter:
             within = 1 - 0.8**self._notes  # the number of lines to come is not known: approach the end
             self._state = {"stage": self._state["stage"], "fraction": round(start + (end - start) * within, 4)}
             self._state["message"] = message[:500]
+            self._posted = False
 
     def check(self) -> None:
         if self._lost is not None:
@@ -211,6 +218,7 @@ class Reporter:
     def _post(self) -> None:
         with self._lock:
             body = {**self._state, "trainer": self._trainer, "attempt": self._attempt}
+            self._posted = True
         try:
             self._cloud.call("POST", f"/api/training-jobs/{self._job_id}/progress", body)
         except CloudError as exc:
@@ -226,12 +234,19 @@ class Reporter:
 
 
 class _LogToProgress(logging.Handler):
+    """The training's log lines that say how far it got (features computed, a fold, a candidate's estimate) as
+    progress; the others (which runtime the base model runs on, what it was pruned to) mean nothing to a person
+    watching the job in the studio."""
+
+    PROGRESS_LOGGERS = ("models.features", "models.training", "models.model_selection")
+
     def __init__(self, reporter: Reporter) -> None:
         super().__init__(logging.INFO)
         self._reporter = reporter
 
     def emit(self, record: logging.LogRecord) -> None:
-        self._reporter.note(record.getMessage())
+        if record.name in self.PROGRESS_LOGGERS or record.levelno >= logging.WARNING:
+            self._reporter.note(record.getMessage())
 
 
 # -- the dataset -----------------------------------------------------------------------------------------------
@@ -304,6 +319,12 @@ def job_config(job: dict[str, Any], dataset: LabelledDataset, threads: int) -> T
     labelled = np.flatnonzero(dataset.labels[event] != UNCERTAIN)
     if not labelled.size:
         raise FilterForwardError(f"no frame of the dataset's images is labelled for {event!r}: label some, then retry")
+    positive = int((dataset.labels[event] == 1).sum())
+    if positive in (0, labelled.size):  # the CLI's check would say "pick a training range": here it is every label
+        raise FilterForwardError(
+            f"{event!r} has {positive} frame(s) labelled with it and {labelled.size - positive} without it: label "
+            "frames of both kinds, then train again"
+        )
     arch = options.get("arch", AUTO)
     size = options.get("input_size")
     return TrainConfig(

@@ -32,7 +32,7 @@ def list_edges(session: SessionDep, config: ConfigDep, last_heard: LastHeardDep)
 def get_edge(edge_id: str, session: SessionDep, config: ConfigDep, last_heard: LastHeardDep) -> EdgeOut:
     edge = session.get(Edge, edge_id)
     if edge is None:
-        raise not_found(f"no edge '{edge_id}' has connected: list the known edges with GET /api/edges")
+        raise _no_edge(edge_id)
     cameras = _camera_names(session, edge_id).get(edge_id, [])
     refused = _refused_filters(session, edge_id).get(edge_id, [])
     return edge_out(edge, last_heard, cameras, refused, online_cutoff(config))
@@ -47,7 +47,7 @@ def forget_edge(
     next message would bring it back."""
     edge = session.get(Edge, edge_id)
     if edge is None:
-        raise not_found(f"no edge '{edge_id}' has connected: list the known edges with GET /api/edges")
+        raise _no_edge(edge_id)
     last_seen = last_heard.latest(edge_id, edge.last_seen)
     if last_seen >= online_cutoff(config):
         raise HTTPException(
@@ -56,6 +56,12 @@ def forget_edge(
             "back with its next message",
         )
     request.app.state.services.storage.forget_edge(edge_id)
+
+
+def _no_edge(edge_id: str) -> HTTPException:
+    return not_found(
+        f"no edge '{edge_id}' is known (it never connected, or was forgotten): list the edges with GET /api/edges"
+    )
 
 
 @router.get("/cameras")

@@ -1084,7 +1084,7 @@ function cancelView(job) {
   const button = el("button", { type: "button", class: "secondary small", "data-testid": "job-cancel" }, "Cancel job");
   const message = el("p", { class: "message", role: "status", "data-testid": "cancel-message" });
   button.addEventListener("click", async () => {
-    const running = job.status === "running" ? " Its trainer stops at the end of the stage it is in." : "";
+    const running = job.status === "running" ? " Its trainer stops within seconds." : "";
     if (!confirm(`Cancel job ${job.id}?${running}`)) return;
     button.disabled = true;
     try {
