@@ -11,6 +11,7 @@ the first GOP it still has (a long event keeps its later part).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -52,10 +53,16 @@ def frame_crop(session: Session, store: FrameStore, frame: StoredFrame) -> wire.
         return None  # removed meanwhile (retention): the image itself says so
 
 
-def event_video(session: Session, store: FrameStore, frames: Sequence[StoredFrame]) -> bytes | None:
+@dataclass(frozen=True)
+class EventVideo:
+    mp4: bytes
+    first_time: float  # stream time of its first frame, which may come before the event's (the GOP's start)
+
+
+def event_video(session: Session, store: FrameStore, frames: Sequence[StoredFrame]) -> EventVideo | None:
     """One MP4 of the stream from the GOP holding the event's first streamed frame through its last one (frames
-    other filters matched in between included; from the next GOP when retention removed that one's start); None if
-    none of its frames travelled in the stream."""
+    other filters matched in between included, before the event's first too: a clip starts at a keyframe; from the
+    next GOP when retention removed that one's start); None if none of its frames travelled in the stream."""
     ids = {frame.fragment_id for frame in frames if frame.fragment_id is not None}
     if not ids:
         return None
@@ -72,8 +79,8 @@ def event_video(session: Session, store: FrameStore, frames: Sequence[StoredFram
         )
     if start_seq is None:
         raise FilterForwardError(REMOVED)
-    playable = [row for row in _stream_part(session, first, start_seq, last.seq) if row.playable]
-    return join_mp4(_read(store, playable))  # a GOP cut short by a lost fragment ends early
+    fragments = _read(store, [row for row in _stream_part(session, first, start_seq, last.seq) if row.playable])
+    return EventVideo(join_mp4(fragments), fragments[0].header.frames[0].time)  # a GOP cut short ends early
 
 
 def _same_stream(row: Fragment) -> tuple:

@@ -334,9 +334,10 @@ def test_clips(scene: Scene) -> None:
         assert len(frames) == 4
         assert (frames[0].width, frames[0].height) == (66, 48)  # 65x47 JPEGs rounded up, as the edge does
 
+        assert made.headers["x-event-start"] == "0.000"  # it starts with the event's first frame
         stored = client.get(f"/api/events/{event_id(scene, 'e6')}/clip.mp4")
         assert stored.status_code == 200
-        assert stored.content == scene.clip
+        assert stored.content == scene.clip and stored.headers["x-event-start"] == "0.000"
         assert len(decode_mp4(stored.content)) == 5
 
         none = client.get(f"/api/events/{event_id(scene, 'e5')}/clip.mp4")

@@ -104,6 +104,7 @@ def test_a_default_filter_s_frames_arrive_in_fragments_and_decode_in_the_cloud(
             clip = client.get(event["clip_url"])
             with av.open(io.BytesIO(clip.content)) as container:
                 assert sum(1 for _ in container.decode(video=0)) == len(frames)  # joined, every frame once
+            assert clip.headers["x-event-start"] == "0.000"  # its event opened the GOP
     finally:
         site.cloud.stop()
 

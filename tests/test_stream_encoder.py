@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import pytest
 from sqlalchemy import select
+from sqlalchemy.orm import sessionmaker
 from support import clip_frames
 
 from cloud import streams
@@ -127,16 +128,7 @@ def test_a_long_events_clip_starts_at_the_first_gop_retention_left(frames: list[
     first keyframe left, rather than nothing."""
     encoder = StreamEncoder(FPS, preset="veryfast", keyframe_interval=2.0, fragment_seconds=1.0)
     fragments, sent = encode(frames, [range(0, 80)], encoder)
-    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
-    store = FrameStore(tmp_path / "store")
-    storage, seq = Storage(sessions, store), iter(range(1, 1000))
-    for fragment in fragments:  # the edge sends each frame's message before the fragment holding it
-        for entry in fragment.header.frames:
-            header = FrameHeader(edge="e", run="r", seq=next(seq), camera="c", frame=entry.index, timestamp=entry.time,
-                                 wall_time=1.75e9 + entry.time, scores={"f": 0.9}, payload="none")  # fmt: skip
-            storage.store_frame("e", header, b"")
-        header = FragmentHeader(edge="e", run="r", seq=next(seq), camera="c", wall_time=1.75e9)
-        assert storage.store_many([Message("e", header, pack(fragment))]).outcomes == ["stored"]
+    sessions, store = stored_stream(fragments, tmp_path)
     with sessions.begin() as session:  # what retention does to the oldest fragment: its row, then its file
         oldest = session.scalars(select(FragmentRow).order_by(FragmentRow.seq).limit(1)).one()
         session.delete(oldest)
@@ -146,10 +138,39 @@ def test_a_long_events_clip_starts_at_the_first_gop_retention_left(frames: list[
         with pytest.raises(FilterForwardError, match="start of its stream segment has been removed"):
             streams.frame_image(session, store, rows[20])  # in the first GOP, whose keyframe went
         video = streams.event_video(session, store, rows)
-    with av.open(io.BytesIO(video)) as container:
+    with av.open(io.BytesIO(video.mp4)) as container:
         decoded = [p.to_ndarray(format="bgr24") for p in container.decode(video=0)]
     assert len(decoded) == 80 - 25  # from the second keyframe to the event's last frame
+    assert video.first_time == rows[25].stream_time
     assert mean_abs_error(decoded[0], sent[FIRST + 25]) < 6
+
+
+def test_a_clip_from_the_stream_says_when_its_first_frame_plays(frames: list[np.ndarray], tmp_path: Path) -> None:
+    """An event that begins inside a GOP another filter's event opened gets a clip from that GOP's keyframe: the
+    cloud says how far into it the event begins (the API's X-Event-Start), there was no way to tell."""
+    fragments, _ = encode(frames, [range(0, 40)])  # one GOP, opened at frame FIRST
+    sessions, store = stored_stream(fragments, tmp_path)
+    with sessions() as session:
+        later = session.scalars(select(StoredFrame).where(StoredFrame.frame_index >= FIRST + 25)).all()
+        video = streams.event_video(session, store, later)  # an event from frame FIRST + 25 on
+    assert video.first_time == FIRST / FPS
+    with av.open(io.BytesIO(video.mp4)) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 40  # from the keyframe
+
+
+def stored_stream(fragments: list[Fragment], folder: Path) -> tuple[sessionmaker, FrameStore]:
+    """The fragments and their frames stored in a cloud database as the ingest stores them."""
+    sessions = session_factory(make_engine(f"sqlite:///{folder / 'cloud.db'}"))
+    store = FrameStore(folder / "store")
+    storage, seq = Storage(sessions, store), iter(range(1, 1000))
+    for fragment in fragments:  # the edge sends each frame's message before the fragment holding it
+        for entry in fragment.header.frames:
+            header = FrameHeader(edge="e", run="r", seq=next(seq), camera="c", frame=entry.index, timestamp=entry.time,
+                                 wall_time=1.75e9 + entry.time, scores={"f": 0.9}, payload="none")  # fmt: skip
+            storage.store_frame("e", header, b"")
+        header = FragmentHeader(edge="e", run="r", seq=next(seq), camera="c", wall_time=1.75e9)
+        assert storage.store_many([Message("e", header, pack(fragment))]).outcomes == ["stored"]
+    return sessions, store
 
 
 @pytest.mark.parametrize(

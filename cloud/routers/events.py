@@ -59,6 +59,9 @@ MAX_ROW_ID = 2**63 - 1  # ids are 64-bit integers in the database
 # On a frame's JPEG decoded from a cropped stream (the edge's `upload: {crop: roi}`): which part of the camera's
 # frame it shows, e.g. "x=384,y=216,width=640,height=360,frame_width=1280,frame_height=720" (pixels).
 CROP_HEADER = "X-Crop"
+# On an event's clip: seconds into it where the event's first frame plays. A clip made from the camera's stream
+# starts at the keyframe before the event (another filter's event may have opened that GOP, frames earlier).
+EVENT_START_HEADER = "X-Event-Start"
 RowId = Annotated[int, Path(ge=1, le=MAX_ROW_ID, description="an id from this API's answers")]
 
 
@@ -153,23 +156,31 @@ def frame_image(frame_id: RowId, request: Request, session: SessionDep, store: S
     router,
     "/events/{event_id}/clip.mp4",
     response_class=Response,
-    responses={200: {"content": {"video/mp4": {}}, "description": "the edge's clip, or one made from its frames"}},
+    responses={
+        200: {
+            "content": {"video/mp4": {}},
+            "description": f"the edge's clip, or one made from its frames or its camera's stream; {EVENT_START_HEADER} "
+            "says how many seconds into it the event begins",
+        }
+    },
 )
 def event_clip(event_id: RowId, request: Request, session: SessionDep, store: StoreDep) -> Response:
     event = _event(session, event_id)
+    starts_at_0 = {EVENT_START_HEADER: "0.000"}
     if event.clip_path is not None:
         try:
-            return FileResponse(store.open_path(event.clip_path), media_type="video/mp4")
+            return FileResponse(store.open_path(event.clip_path), media_type="video/mp4", headers=starts_at_0)
         except FilterForwardError:
             pass  # removed by retention: fall back to the frames, if any are left
     frames = _frames_of(session, event)
     try:
         if (video := streams.event_video(session, store, frames)) is not None:
-            return ranged(request, video, "video/mp4")
+            offset = max(0.0, event.start_time - video.first_time)
+            return ranged(request, video.mp4, "video/mp4", {EVENT_START_HEADER: f"{offset:.3f}"})
         jpegs = [frame for frame in frames if frame.path is not None]
         if not jpegs:
             raise not_found(f"event {event_id} has no stored clip, stream or JPEG frames to make one from")
-        return ranged(request, encode_clip(_stored_jpegs(store, jpegs)), "video/mp4")
+        return ranged(request, encode_clip(_stored_jpegs(store, jpegs)), "video/mp4", starts_at_0)
     except FilterForwardError as exc:
         raise not_found(f"event {event_id}: {exc}") from None
 
