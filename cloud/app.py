@@ -177,7 +177,10 @@ def _start_retention(
 
 
 def healthz(request: Request) -> Health:
-    """Open: 200 while the database answers, 503 otherwise."""
+    """Open: 200 while the database answers and the ingest runs, 503 otherwise."""
+    if not request.app.state.services.ingest.alive:
+        log.error("health check: the ZeroMQ ingest has stopped")
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "the ingest has stopped: see the service log")
     try:
         with request.app.state.services.sessions() as session:
             session.execute(text("SELECT 1"))

@@ -152,6 +152,11 @@ class Ingest:
         self._thread.start()
         log.info("ingest session %s (%s)", self.session_id, "insecure" if self._config.insecure else "CURVE")
 
+    @property
+    def alive(self) -> bool:
+        """Its loop runs (a health check's question: edges get no answer once it has stopped)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         """Stops the loop and closes the context: stop the publisher first (terminating waits for its socket)."""
         self._stop.set()
@@ -203,7 +208,7 @@ class Ingest:
         next_save = time.monotonic()
         while not self._stop.is_set():
             if self._router.poll(STOP_CHECK_MS):
-                self._drain()
+                self._guarded(self._drain)
             if time.monotonic() >= next_save:
                 self._save_counts()
                 next_save = time.monotonic() + SAVE_INTERVAL
@@ -221,7 +226,7 @@ class Ingest:
                 frames = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            self._handle(frames[0].bytes, frames[1:], batch)
+            self._guarded(self._handle, frames[0].bytes, frames[1:], batch)  # one message must never end the loop
         acks: dict[bytes, list[int]] = defaultdict(list)
         for identity, seq in self._store(batch.messages):
             acks[identity].append(seq)

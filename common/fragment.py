@@ -117,6 +117,8 @@ def unpack(data: bytes) -> Fragment:
     except (ValueError, UnicodeDecodeError) as exc:
         detail = validation_summary(exc) if isinstance(exc, ValidationError) else str(exc)
         raise FragmentError(f"fragment header is invalid: {detail}") from None
+    except RecursionError:
+        raise FragmentError("fragment header is invalid: JSON nested too deeply") from None
     body = memoryview(data)[LENGTH.size + length :]
     if sum(frame.size for frame in header.frames) != len(body):
         raise FragmentError(f"fragment header sizes add up to a different length than its {len(body)} bytes")

@@ -261,6 +261,8 @@ def decode(frames: list[bytes]) -> tuple[Any, bytes]:
         header = _HEADER.validate_python(json.loads(raw))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"header is not JSON: {exc}") from None
+    except RecursionError:  # b"[[[[..." nested beyond the parser's depth: it killed the ingest thread
+        raise ProtocolError("header is JSON nested too deeply") from None
     except ValidationError as exc:
         raise ProtocolError(f"invalid header: {validation_summary(exc, 'header')}") from None
     if isinstance(header, FragmentHeader):

@@ -9,19 +9,23 @@ import logging
 import math
 import shutil
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy
 import zmq
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 from support import wait_until
 from zmq.utils.monitor import recv_monitor_message
 
+from cloud.app import create_app, start_services
 from cloud.config import CloudConfig, TokenConfig, ZmqConfig
 from cloud.db import Counter, Edge, Event, Filter, FilterChange, StoredFrame, make_engine, session_factory
 from cloud.framestore import FrameStore
@@ -40,6 +44,7 @@ from common.protocol import (
     EventHeader,
     EventInfo,
     FilterUpdate,
+    FragmentHeader,
     FrameHeader,
     Heartbeat,
     Hello,
@@ -225,6 +230,12 @@ BAD_MESSAGES = {
     "bad JSON": [PROTOCOL, b"{not json", b""],
     "bad header": [PROTOCOL, b'{"type": "frame", "edge": "edge-1"}', b""],
     "cloud-only kind": encode(Ack(seqs=[1])),
+    # JSON nested beyond the parser's depth raised RecursionError, which ended the ingest thread for good
+    "nested JSON": [PROTOCOL, b"[" * 60_000, b""],
+    "nested fragment header": encode(
+        FragmentHeader(edge=EDGE, run=RUN, seq=5, camera=CAMERA, wall_time=1_700_000_000),
+        struct.pack(">I", 100_000) + b"[" * 100_000,
+    ),
     **{
         f"{field} {value}": [PROTOCOL, json.dumps({**frame(9).model_dump(mode="json"), field: value}).encode(), b""]
         for field, value in [("seq", 2**63), ("wall_time", 1e20), ("frame", 2**70), ("scores", {"red": math.nan})]
@@ -250,11 +261,27 @@ def test_malformed_messages_are_counted_answered_and_ingest_goes_on(make_cloud) 
         assert isinstance(header, Error)
         errors.append(header.message)
     assert "expected 3 frames" in errors[1] and "not JSON" in errors[2] and "invalid header" in errors[3]
+    assert "nested too deeply" in errors[5] and "nested too deeply" in errors[6]
     client.send(frame(1), b"ok")
     assert client.acked(1) == [1]
     assert stored_seqs(cloud.sessions) == [1]
     assert cloud.ingest.counts["malformed"] == len(BAD_MESSAGES)
     wait_until(lambda: saved_count(cloud, "malformed") == len(BAD_MESSAGES), "the malformed count in the database")
+
+
+def test_health_says_so_once_the_ingest_has_stopped(tmp_path: Path) -> None:
+    """A message could end the ingest's thread (JSON nested too deeply): edges got no answer while /healthz said
+    ok, so no health check or restart policy stepped in."""
+    zmq_config = ZmqConfig(bind="127.0.0.1", insecure=True).model_copy(update={"ingest_port": 0, "publish_port": 0})
+    config = CloudConfig(data_dir=tmp_path, tokens=[TokenConfig(name="test", token="t" * 16)], zmq=zmq_config)
+    with ExitStack() as stack:
+        services = start_services(config, stack)
+        client = TestClient(create_app(config, services))
+        assert client.get("/healthz").status_code == 200
+        services.ingest._stop.set()  # its loop ends, as an exception out of it did
+        services.ingest._thread.join()
+        answer = client.get("/healthz")
+        assert (answer.status_code, answer.json()["detail"]) == (503, "the ingest has stopped: see the service log")
 
 
 def test_an_oversized_message_disconnects_its_sender_before_it_is_buffered(make_cloud) -> None:
