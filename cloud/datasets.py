@@ -13,6 +13,7 @@ import itertools
 import logging
 import math
 import secrets
+import shutil
 import statistics
 import struct
 import threading
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 JPEG_QUALITY = 90
 OUTAGE = 1.0  # seconds without a frame, beyond the step between frames, that a complete dataset's message reports
 MAX_UPLOAD_FRAMES = 20_000  # frames an uploaded clip may add: a bigger one is refused, not cut short silently
+# An upload's frames stop before the data disk has less than this free: a few MB of H.264 can decode to GBs of
+# JPEGs (a still 4K picture repeated: 4.5 MB became 1.8 GB), which would starve the ingest of disk.
+DISK_RESERVE = 2**30
 # JPEG start-of-frame markers (baseline, progressive, ...: all but DHT 0xC4, JPG 0xC8 and DAC 0xCC): width, height
 SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
@@ -160,6 +164,7 @@ class Datasets:
                         raise DatasetError(
                             413, f"the clip has over {MAX_UPLOAD_FRAMES} frames at this rate: raise `every` or cut it"
                         )
+                    self._check_room(len(kept))
                     self.folders.write_image(name, len(kept), _jpeg(image))
                     kept.append(index)
                 index += 1
@@ -168,6 +173,15 @@ class Datasets:
         if not kept:
             raise DatasetError(422, "the uploaded video has no frame that decodes: send another file")
         return fps, step, kept
+
+    def _check_room(self, written: int) -> None:
+        free = shutil.disk_usage(self.folders.root).free
+        if free < DISK_RESERVE:
+            raise DatasetError(
+                507,
+                f"the clip's frames would leave under {DISK_RESERVE >> 20} MiB free on the cloud's data disk "
+                f"({written} written, {free >> 20} MiB left): raise `every`, cut the clip, or free space there",
+            )
 
     @staticmethod
     def _check_new(session: Session, name: str) -> None:

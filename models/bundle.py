@@ -19,6 +19,7 @@ from models.cache import write_whole
 from models.errors import FilterForwardError, validation_summary
 from models.filterspec import FilterSpec
 from models.mc_kinds import MC_KINDS, MCKind
+from models.mc_limits import check_graph, run_with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +107,12 @@ def check_mc_model(spec: FilterSpec, onnx_bytes: bytes, tap_shape_chw: tuple[int
     kind = MC_KINDS[spec.architecture]
     if kind.windowed and spec.window < 2:
         raise FilterForwardError(f"a windowed MC needs window >= 2 in its spec, got {spec.window}")
+    crop = crop_shape(spec, tap_shape_chw)
+    check_graph(_load(onnx_bytes), {FEATURES_INPUT: (1, *crop)})  # before ONNX Runtime folds its constants
     session = _session(onnx_bytes)
     input_names, output_names = io_names(kind)
     _check_names("inputs", [i.name for i in session.get_inputs()], input_names)
     _check_names("outputs", [o.name for o in session.get_outputs()], output_names)
-    crop = crop_shape(spec, tap_shape_chw)
     inputs = {i.name: i for i in session.get_inputs()}
     feeds = {FEATURES_INPUT: _zeros_for(inputs[FEATURES_INPUT], crop, spec)}
     if kind.windowed:
@@ -120,7 +122,7 @@ def check_mc_model(spec: FilterSpec, onnx_bytes: bytes, tap_shape_chw: tuple[int
     _check_dry_run(session, feeds, crop, spec)
 
 
-def _session(onnx_bytes: bytes) -> ort.InferenceSession:
+def _load(onnx_bytes: bytes) -> onnx.ModelProto:
     try:
         model = onnx.load_model_from_string(onnx_bytes)
         onnx.checker.check_model(model)
@@ -130,6 +132,10 @@ def _session(onnx_bytes: bytes) -> ort.InferenceSession:
     low, high = OPSET_RANGE
     if opset is None or not low <= opset <= high:
         raise FilterForwardError(f"the MC model uses ONNX opset {opset}; export it with an opset from {low} to {high}")
+    return model
+
+
+def _session(onnx_bytes: bytes) -> ort.InferenceSession:
     try:
         return ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
     except Exception as exc:  # ONNX Runtime's own exception types
@@ -176,7 +182,9 @@ def _check_dry_run(
     session: ort.InferenceSession, feeds: dict[str, np.ndarray], crop: tuple[int, int, int], spec: FilterSpec
 ) -> None:
     try:
-        outputs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+        outputs = dict(zip([o.name for o in session.get_outputs()], run_with_deadline(session, feeds), strict=True))
+    except FilterForwardError:
+        raise
     except Exception as exc:  # ONNX Runtime's own exception types
         raise FilterForwardError(f"the MC model fails on a one-frame input: {_first_line(exc)}") from None
     score = outputs[SCORE_OUTPUT]

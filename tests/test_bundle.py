@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
 
+from models import mc_limits
 from models.bundle import MAX_MODEL_BYTES, MODEL_FILE, SPEC_FILE, check_mc_model, crop_shape, load_bundle, write_bundle
 from models.errors import FilterForwardError
 from models.filterspec import FilterSpec
 from models.mc_export import export_mc, to_onnx
+from models.mc_limits import run_with_deadline
 from models.microclassifiers import build_mc
 from models.roi import ROI
 from models.taps import EFFICIENTNET_LITE0_TAPS
@@ -164,3 +169,48 @@ def test_missing_parts_are_explained(tmp_path: Path, localized: tuple[FilterSpec
     (tmp_path / MODEL_FILE).unlink()
     with pytest.raises(FilterForwardError, match=r"has no model\.onnx"):
         load_bundle(tmp_path)
+
+
+def with_nodes(onnx_bytes: bytes, nodes: list[onnx.NodeProto]) -> bytes:
+    """The model with more nodes (their outputs unused: ONNX Runtime would prune them, the check sees them)."""
+    model = onnx.load_model_from_string(onnx_bytes)
+    model.graph.node.extend(nodes)
+    return model.SerializeToString()
+
+
+def doubling(first: str, times: int) -> list[onnx.NodeProto]:
+    """`times` Concats, each of the one before with itself: a tensor 2**times as large as `first`."""
+    names = [first, *(f"doubled{n}" for n in range(times))]
+    return [onnx.helper.make_node("Concat", [a, a], [b], axis=1) for a, b in itertools.pairwise(names)]
+
+
+def test_models_that_loop_or_grow_huge_tensors_are_refused_before_they_run(localized: tuple[FilterSpec, bytes]) -> None:
+    """A model of 279 bytes asking ConstantOfShape for 250 M floats took the cloud to 2 GB on its dry run (and was
+    accepted, for every edge to run on every frame); one with a Loop of 10**15 iterations hung the API."""
+    spec, onnx_bytes = localized
+    shape = onnx.helper.make_tensor("size", onnx.TensorProto.INT64, [1], [250_000_000])
+    bomb = [onnx.helper.make_node("Constant", [], ["size"], value=shape),
+            onnx.helper.make_node("ConstantOfShape", ["size"], ["zeros"])]  # fmt: skip
+    with pytest.raises(FilterForwardError, match="uses ConstantOfShape, which a microclassifier does not need"):
+        check_mc_model(spec, with_nodes(onnx_bytes, bomb), tap_shape("mid"))
+    crop = int(np.prod(crop_shape(spec, tap_shape("mid"))))  # 10080 elements: 2**13 of it is over 64 M
+    with pytest.raises(FilterForwardError) as refused:
+        check_mc_model(spec, with_nodes(onnx_bytes, doubling("features", 15)), tap_shape("mid"))
+    assert str(refused.value) == (
+        f"the MC model's tensor 'doubled12' has {crop * 2**13} elements on one frame, over the limit of {2**26}: use "
+        "a smaller MC"
+    )
+
+
+def test_a_dry_run_that_takes_too_long_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    features = onnx.helper.make_tensor_value_info("features", onnx.TensorProto.FLOAT, [1, 40, 9, 10])
+    score = onnx.helper.make_tensor_value_info("score", onnx.TensorProto.FLOAT, [])
+    nodes = [*doubling("features", 14), onnx.helper.make_node("ReduceMax", ["doubled13"], ["score"], keepdims=0)]
+    graph = onnx.helper.make_graph(nodes, "slow", [features], [score])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"features": np.ones((1, 40, 9, 10), np.float32)}
+    assert run_with_deadline(session, feeds)[0] == 1.0  # in time
+    monkeypatch.setattr(mc_limits, "DRY_RUN_SECONDS", 0.002)  # far less than its 14 copies of up to 236 MB take
+    with pytest.raises(FilterForwardError, match=r"the MC model ran over 0.002 s on one frame: use a smaller MC"):
+        run_with_deadline(session, feeds)

@@ -39,6 +39,7 @@ from sqlalchemy import select
 from support import free_port, wait_until
 
 from cloud.config import CloudConfig, TokenConfig, ZmqConfig
+from cloud.datasets import DISK_RESERVE
 from cloud.db import Edge as EdgeRow
 from cloud.db import Fragment, Received, StoredFrame, as_utc, make_engine, session_factory
 from cloud.framestore import FrameStore
@@ -597,6 +598,23 @@ def test_filter_writes_on_a_full_database_disk_are_507_and_change_nothing(tmp_pa
         assert [f["name"] for f in client.get("/api/filters").json()] == ["late-a"]  # reads go on
         filler.unlink()
         assert client.post("/api/filters", data={"spec": other.model_dump_json()}, files=files).status_code == 201
+
+
+def test_an_upload_that_would_fill_the_data_disk_is_refused_and_leaves_nothing(
+    tmp_path: Path, short_clip: Path
+) -> None:
+    """A few MB of H.264 can decode to GBs of JPEGs (4.5 MB of a still 4K picture became 1.8 GB in a probe): the
+    upload wrote on until the disk was full, starving the ingest. It stops while DISK_RESERVE is left free."""
+    cloud_root = tmp_path / "cloud"
+    with small_disk(cloud_root / "data", "16m") as data, run_cloud(cloud_root) as cloud, cloud.client() as client:
+        with short_clip.open("rb") as video:
+            refused = client.post("/api/datasets/upload", data={"name": "big"}, files={"video": ("c.mp4", video)})
+        assert refused.status_code == 507, refused.text
+        assert refused.json()["detail"].startswith(
+            f"the clip's frames would leave under {DISK_RESERVE >> 20} MiB free on the cloud's data disk (0 written, "
+        )
+        assert client.get("/api/datasets").json() == []
+        assert not any((data / "datasets").iterdir())  # its staging folder removed
 
 
 def test_an_edge_heard_while_its_heartbeats_cannot_be_written_stays_online(tmp_path: Path) -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Request, Response, status
+from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
+from starlette.types import Message
 
 from cloud.config import CloudConfig
 from cloud.datasets import Datasets
@@ -88,6 +90,40 @@ async def no_nul_bytes(request: Request) -> None:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT, "the JSON body holds a NUL character (\\u0000): send text without it"
         )
+
+
+# Room for the other fields and the multipart framing around an uploaded file in a form's body.
+FORM_OVERHEAD = 256 * 1024
+
+
+def body_limit_route(limit: Callable[[Request], int], too_big: Callable[[int, Request], str]) -> type[APIRoute]:
+    """A route class that refuses (413, `too_big(size, request)`) a body over `limit(request)` bytes from its
+    Content-Length, or as soon as it streams past it: an oversized upload is never read (or spooled to disk) whole."""
+
+    class BodyLimitRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+            handler = super().get_route_handler()
+
+            async def limited(request: Request) -> Response:
+                most = limit(request)
+                declared = request.headers.get("content-length", "")
+                if declared.isdigit() and int(declared) > most:
+                    raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_big(int(declared), request))
+                received = 0
+
+                async def capped() -> Message:
+                    nonlocal received
+                    message = await request.receive()
+                    received += len(message.get("body", b""))
+                    if received > most:
+                        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, too_big(received, request))
+                    return message
+
+                return await handler(Request(request.scope, capped))
+
+            return limited
+
+    return BodyLimitRoute
 
 
 def not_found(message: str) -> HTTPException:

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path as FsPath
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, File, Form, Path, Query, Response, UploadFile, status
+from fastapi import APIRouter, Depends, File, Form, Path, Query, Request, Response, UploadFile, status
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
@@ -16,16 +16,27 @@ from cloud.auth import require
 from cloud.datasets import DatasetError, Datasets, EventCounts
 from cloud.db import Dataset
 from cloud.media_responses import get_and_head
-from cloud.routers import DatasetsDep, EachPartOnce, SessionDep
+from cloud.routers import FORM_OVERHEAD, DatasetsDep, EachPartOnce, SessionDep, body_limit_route
 from cloud.schemas import Number, UtcDatetime, errors
 from common.protocol import ID_PATTERN
 from models.filterspec import EVENT_PATTERN, NAME_PATTERN
 from models.roi import MAX_POLYGON_POINTS
 
-router = APIRouter(prefix="/datasets", tags=["datasets"], responses=errors(400, 401, 403, 404, 409, 422, 503))
+MAX_CLIP_BYTES = 2 * 2**30  # an uploaded clip: far above any camera clip worth labelling, below a full disk
+
+
+def _clip_too_big(size: int, _request: Request) -> str:
+    return f"the request body is at least {size} bytes, over the {MAX_CLIP_BYTES >> 20} MiB clip limit: cut the clip"
+
+
+router = APIRouter(
+    prefix="/datasets",
+    tags=["datasets"],
+    route_class=body_limit_route(lambda _request: MAX_CLIP_BYTES + FORM_OVERHEAD, _clip_too_big),
+    responses=errors(400, 401, 403, 404, 409, 413, 422, 503, 507),
+)
 Reader = Depends(require("read"))
 Writer = Depends(require("write"))
-MAX_CLIP_BYTES = 2 * 2**30  # an uploaded clip: far above any camera clip worth labelling, below a full disk
 COPY_CHUNK = 2**20
 
 DatasetName = Annotated[str, Path(pattern=NAME_PATTERN, description="the dataset's name")]

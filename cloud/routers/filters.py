@@ -2,70 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Response, UploadFile, status
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, Depends, File, Form, Request, Response, UploadFile, status
 from sqlalchemy.orm import Session
-from starlette.types import Message, Receive
 
 from cloud.auth import require
 from cloud.base_models import refusals
 from cloud.db import Filter
 from cloud.publisher import stored_spec
 from cloud.registry import Registry, RegistryError, parse_spec, too_big
-from cloud.routers import EachPartOnce, RegistryDep, SessionDep
+from cloud.routers import FORM_OVERHEAD, EachPartOnce, RegistryDep, SessionDep, body_limit_route
 from cloud.schemas import FilterOut, errors
 
-# Room for the spec field and the multipart framing around the model in an upload's body.
-FORM_OVERHEAD = 256 * 1024
 SPEC_HELP = "the filter spec as JSON text (models.filterspec.FilterSpec)"
 
 
-class UploadLimitRoute(APIRoute):
-    """Refuses a body over the upload limit from its Content-Length, or as soon as it streams past it,
-    so an oversized upload is never read (or spooled) whole."""
-
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
-        handler = super().get_route_handler()
-
-        async def limited(request: Request) -> Response:
-            max_upload = request.app.state.config.max_upload_bytes
-            declared = request.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > max_upload + FORM_OVERHEAD:
-                raise _body_too_big(int(declared), max_upload)
-            return await handler(Request(request.scope, _capped(request.receive, max_upload)))
-
-        return limited
+def _model_form_limit(request: Request) -> int:
+    return request.app.state.config.max_upload_bytes + FORM_OVERHEAD
 
 
-def _capped(receive: Receive, max_upload: int) -> Receive:
-    received = 0
-
-    async def capped() -> Message:
-        nonlocal received
-        message = await receive()
-        received += len(message.get("body", b""))
-        if received > max_upload + FORM_OVERHEAD:
-            raise _body_too_big(received, max_upload)
-        return message
-
-    return capped
-
-
-def _body_too_big(size: int, max_upload: int) -> HTTPException:
-    return HTTPException(
-        status.HTTP_413_CONTENT_TOO_LARGE,
-        f"the request body is at least {size} bytes, over the {max_upload}-byte model limit (max_upload_bytes) "
-        f"plus {FORM_OVERHEAD} bytes for the form: upload a smaller MC",
+def _model_form_too_big(size: int, request: Request) -> str:
+    return (
+        f"the request body is at least {size} bytes, over the {request.app.state.config.max_upload_bytes}-byte model "
+        f"limit (max_upload_bytes) plus {FORM_OVERHEAD} bytes for the form: upload a smaller MC"
     )
 
 
+# For the routers whose uploads carry an MC model: an oversized one is refused before it is read.
+ModelUploadRoute = body_limit_route(_model_form_limit, _model_form_too_big)
 router = APIRouter(
     prefix="/filters",
     tags=["filters"],
-    route_class=UploadLimitRoute,
+    route_class=ModelUploadRoute,
     responses=errors(400, 401, 403, 404, 409, 413, 422, 503, 507),
 )
 Reader = Depends(require("read"))

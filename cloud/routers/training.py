@@ -12,7 +12,7 @@ from cloud.auth import require
 from cloud.db import TrainingJob
 from cloud.routers import EachPartOnce, SessionDep
 from cloud.routers.events import MAX_ROW_ID
-from cloud.routers.filters import UploadLimitRoute, filter_out, read_model
+from cloud.routers.filters import ModelUploadRoute, filter_out, read_model
 from cloud.schemas import ClaimOut, FilterOut, Number, TrainingJobOut, TrainingOptions, errors
 from cloud.training import TrainingJobs
 from models.filterspec import EVENT_PATTERN, NAME_PATTERN
@@ -36,7 +36,7 @@ Trainer = Depends(require("train"))
 router = APIRouter(
     prefix="/training-jobs",
     tags=["training"],
-    route_class=UploadLimitRoute,  # the result upload carries a model: refused early when over the limit
+    route_class=ModelUploadRoute,  # the result upload carries a model: refused early when over the limit
     responses=errors(400, 401, 403, 404, 409, 413, 422, 503, 507),
 )
 
