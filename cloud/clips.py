@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 
 TIME_BASE = Fraction(1, 1000)  # presentation times in milliseconds
 MAX_FRAMES = 3000  # an on-demand encode stays a few seconds of CPU
+# Larger frames are scaled down to fit: 20 frames of 8192x8192 took x264 past 1.6 GB (then a 500) in a probe.
+MAX_SIDE = 1920
 
 
 def encode_clip(frames: Iterable[tuple[float, bytes]]) -> bytes:
@@ -32,7 +34,8 @@ def encode_clip(frames: Iterable[tuple[float, bytes]]) -> bytes:
             if stream is None:
                 stream = container.add_stream("libx264", rate=30, options={"preset": "veryfast"})
                 # the edge's size rule; reformat below stretches an odd side by its one pixel
-                stream.width, stream.height = even(frame.width), even(frame.height)
+                scale = min(1.0, MAX_SIDE / max(frame.width, frame.height))
+                stream.width, stream.height = even(round(frame.width * scale)), even(round(frame.height * scale))
                 stream.pix_fmt = "yuv420p"
                 stream.codec_context.time_base = TIME_BASE
                 start = time

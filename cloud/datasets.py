@@ -394,6 +394,9 @@ class Datasets:
         if row is None:
             return False
         if not header.done:
+            if reason := _unfitting(row, header, payload):
+                log.warning("footage frame %d for dataset %s dropped: %s", header.number, row.name, reason)
+                return False
             self.folders.write_image(row.name, header.number, payload)
         return True
 
@@ -407,6 +410,14 @@ class Datasets:
         if header.done:
             row.expected = header.frames
         elif session.get(DatasetFrame, (row.name, header.number)) is None:
+            width, height = image_size(payload)
+            if row.width is not None and (width, height) != (row.width, row.height):  # (checked here, locked)
+                log.warning(
+                    "footage frame %d for dataset %s dropped: it is %dx%d, not the %dx%d of the footage's frames",
+                    header.number, row.name, width, height, row.width, row.height,
+                )  # fmt: skip
+                self.folders.remove_image(row.name, header.number)
+                return None
             session.add(
                 DatasetFrame(
                     dataset=row.name, number=header.number, camera_frame=header.frame,
@@ -415,7 +426,7 @@ class Datasets:
             )  # fmt: skip
             row.frames += 1
             if row.width is None:
-                row.height, row.width = cv2.imdecode(np.frombuffer(payload, np.uint8), 0).shape
+                row.width, row.height = width, height
         if row.status in ("requested", "recording") and row.expected is not None and row.frames >= row.expected:
             row.status = "complete"
             timestamps = list(session.scalars(select(DatasetFrame.timestamp).where(DatasetFrame.dataset == row.name)))
@@ -424,6 +435,15 @@ class Datasets:
             row.message = _outage_note(row, timestamps)
             return row.name
         return None
+
+
+def _unfitting(row: Dataset, header: FootageHeader, payload: bytes) -> str | None:
+    """Why a footage frame cannot be one of the dataset's (an edge records none such: a message that was not its)."""
+    if row.max_frames and header.number >= row.max_frames:
+        return f"it is number {header.number}, past the {row.max_frames} frames asked for"
+    if image_size(payload) == (0, 0):
+        return "its JPEG does not decode"
+    return None
 
 
 def _recorded(session: Session, dataset: Dataset, frames: Sequence[SourceFrame]) -> dict[int, int]:

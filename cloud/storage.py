@@ -598,8 +598,9 @@ class Storage:
             row = _get_or_add(session, Edge, edge, id=edge)
             row.stats, row.last_seen = dict(stats.uplink), now
             for name, values in stats.cameras.items():
-                camera = _get_or_add(session, Camera, (edge, name), edge_id=edge, name=name)
-                camera.stats, camera.last_seen = dict(values), now
+                camera = session.get(Camera, (edge, name))
+                if camera is not None:  # named by its hello: stats add no camera (one message could add thousands)
+                    camera.stats, camera.last_seen = dict(values), now
 
         transact(self._sessions, work)
 

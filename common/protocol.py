@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from common.fragment import FragmentError, unpack
 from models.errors import validation_summary
@@ -55,6 +55,7 @@ Version = Annotated[int, Field(ge=0, le=2**31 - 1)]
 InputSide = Annotated[int, Field(ge=MODEL_STRIDE, le=MAX_INPUT_SIDE, multiple_of=MODEL_STRIDE)]
 MAX_HEADER_BYTES = 64 * 1024
 MAX_PAYLOAD_BYTES = 32 * 1024 * 1024  # a clip of a long event; frames are far smaller
+JPEG_START = b"\xff\xd8\xff"  # SOI, then a marker: every JPEG begins so
 
 
 class ProtocolError(ValueError):
@@ -118,6 +119,12 @@ class EventInfo(_Header):
     end_time: StreamTime | None = None
     peak_score: Score
     peak_frame: FrameIndex | None = Field(None, description="the frame with the peak score (null: an older edge)")
+
+    @model_validator(mode="after")
+    def _ends_after_it_starts(self) -> EventInfo:
+        if self.end_frame is not None and self.end_frame < self.start_frame:
+            raise ValueError(f"the event ends at frame {self.end_frame}, before it starts ({self.start_frame})")
+        return self
 
 
 class EventHeader(_Stored):
@@ -265,6 +272,9 @@ def decode(frames: list[bytes]) -> tuple[Any, bytes]:
         raise ProtocolError("header is JSON nested too deeply") from None
     except ValidationError as exc:
         raise ProtocolError(f"invalid header: {validation_summary(exc, 'header')}") from None
+    if getattr(header, "payload", None) == "jpeg" and payload[:3] != JPEG_START and not getattr(header, "done", False):
+        # stored and served as image/jpeg, and a footage frame's went into a dataset's images
+        raise ProtocolError(f"a {header.type!r} message's payload is no JPEG (it starts {bytes(payload[:8])!r})")
     if isinstance(header, FragmentHeader):
         try:
             unpack(payload)  # a fragment that cannot be read could never be stored: refused like a bad header

@@ -129,6 +129,14 @@ class Spool:
         """The highest seq handed out so far (stored or not)."""
         return self._next_seq - 1
 
+    @property
+    def first_seq(self) -> int:
+        """The oldest seq still held (the next one when it is empty): every seq below it was acknowledged or dropped,
+        so it is never sent again (the cloud forgets those keys: edge.uplink's stats report it)."""
+        with self._lock:
+            oldest = self._db.execute("SELECT MIN(seq) FROM messages").fetchone()[0]
+        return self._next_seq if oldest is None else oldest
+
     def append(self, build: Callable[[int], Frames], mark: Mark | None = None, keep: bool = False) -> int | None:
         """Store the message `build(seq)` under the next seq (and `mark`, if given), in one transaction; returns the
         seq, or None when a full disk left no room for it (counted in `dropped`; the seq is used again). A `keep`

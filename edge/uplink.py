@@ -164,6 +164,7 @@ class Uplink:
             "acked": self.counts["acked"],
             "refused": self.counts["refused"],
             "refusals": self.link.refused,
+            "spool_first_seq": self.spool.first_seq,
             "footage_spooled": self.counts["footage_spooled"],
         }
 

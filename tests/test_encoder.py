@@ -110,6 +110,13 @@ def test_the_edge_and_the_cloud_give_odd_frames_the_same_even_size(frames: list[
     assert edge[0].shape == cloud[0].shape == (even(107), even(191), 3) == (108, 192, 3)
 
 
+def test_the_clouds_clip_of_huge_frames_is_scaled_down_to_fit_1920_pixels(frames: list[np.ndarray]) -> None:
+    """20 frames of 8192x8192 took x264 past 1.6 GB of memory, then the request failed with a 500."""
+    huge = [cv2.resize(frame, (3841, 2161)) for frame in frames[:2]]  # 4K, odd sides
+    decoded, _ = decode_mp4(cloud_clip((index / FPS, encode_jpeg(frame, 90)) for index, frame in enumerate(huge)))
+    assert decoded[0].shape == (1080, 1920, 3)
+
+
 def test_clip_bad_use(frames: list[np.ndarray]) -> None:
     with pytest.raises(FilterForwardError, match="CRF"):
         ClipEncoder(*SIZE, FPS, crf=60)

@@ -170,3 +170,50 @@ def test_footage_cut_short_by_a_camera_outage_says_so(tmp_path: Path) -> None:
     assert (whole.status, whole.frames, whole.message) == ("complete", 20, "")
     gap = record("gap", [0.0, 0.5, 1.0, *(index * 0.5 for index in range(8, 20))])  # offline from 1.5 s to 4 s
     assert gap.message.startswith("the camera sent no frames for 2.5 s of the 10 s")
+
+
+def test_footage_frames_that_cannot_be_the_datasets_are_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Frames past the number asked for and of another size went into the dataset's images (its archive shipped
+    them to trainers; 4 frames of a request for 3, one 640x480 among 64x48)."""
+    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
+    datasets = Datasets(sessions, DatasetFolders(tmp_path / "datasets"))
+    storage = Storage(sessions, FrameStore(tmp_path / "store"), datasets)
+    with sessions.begin() as session:
+        session.add(Dataset(name="few", source="footage", status="recording", edge_id=EDGE, camera=CAMERA,
+                            request="few-1a2b", max_frames=3, fps=2.0, regions={}))  # fmt: skip
+    small, large = (
+        cv2.imencode(".jpg", np.zeros(shape, np.uint8))[1].tobytes() for shape in [(48, 64, 3), (480, 640, 3)]
+    )
+    sent = [(0, small), (1, large), (7, small), (2, small)]
+    messages = [
+        Message(
+            EDGE,
+            FootageHeader(
+                edge=EDGE,
+                run="r",
+                seq=seq,
+                request="few-1a2b",
+                camera=CAMERA,
+                number=number,
+                frame=number,
+                timestamp=number / 2,
+            ),
+            jpeg,
+        )
+        for seq, (number, jpeg) in enumerate(sent, start=1)
+    ]
+    assert storage.store_many(messages).outcomes == ["stored"] * 4  # acknowledged: an edge must not resend them
+    with sessions() as session:
+        row = datasets.get(session, "few")
+        assert (row.frames, row.width, row.height) == (2, 64, 48)
+    assert sorted(path.name for path in (tmp_path / "datasets" / "few" / "images").iterdir()) == [
+        "000000.jpg",
+        "000002.jpg",
+    ]
+    dropped = [record.getMessage() for record in caplog.records if "dropped" in record.getMessage()]
+    assert sorted(dropped) == [
+        "footage frame 1 for dataset few dropped: it is 640x480, not the 64x48 of the footage's frames",
+        "footage frame 7 for dataset few dropped: it is number 7, past the 3 frames asked for",
+    ]

@@ -36,6 +36,7 @@ from cloud.storage import Notification, Storage
 from cloud.zap import NAMED_KEYS
 from common.curve import create_keypair, load_public, make_client
 from common.protocol import (
+    JPEG_START,
     MAX_PAYLOAD_BYTES,
     PROTOCOL,
     TOPIC,
@@ -201,12 +202,12 @@ def test_frame_is_stored_then_acked_and_ports_are_picked(make_cloud) -> None:
     cloud = make_cloud()
     assert cloud.ingest.port > 0 and cloud.publisher.port > 0
     client = cloud.client()
-    client.send(frame(7), b"jpeg bytes")
+    client.send(frame(7), JPEG_START + b"jpeg bytes")
     assert client.acked(1) == [7]
     with cloud.sessions() as session:
         row = session.scalars(select(StoredFrame)).one()
     assert (row.edge_id, row.seq, row.camera) == (EDGE, 7, CAMERA)
-    assert cloud.store.open_path(row.path).read_bytes() == b"jpeg bytes"
+    assert cloud.store.open_path(row.path).read_bytes() == JPEG_START + b"jpeg bytes"
     assert {name: cloud.ingest.counts[name] for name in ("received", "stored", "acked")} == {
         "received": 1,
         "stored": 1,
@@ -217,11 +218,19 @@ def test_frame_is_stored_then_acked_and_ports_are_picked(make_cloud) -> None:
 def test_same_seq_twice_is_stored_once_and_acked_twice(make_cloud) -> None:
     cloud = make_cloud()
     client = cloud.client()
-    client.send(frame(3), b"first")
-    client.send(frame(3), b"first")
+    client.send(frame(3), JPEG_START + b"first")
+    client.send(frame(3), JPEG_START + b"first")
     assert client.acked(2) == [3, 3]
     assert stored_seqs(cloud.sessions) == [3]
     assert (cloud.ingest.counts["stored"], cloud.ingest.counts["duplicates"]) == (1, 1)
+
+
+def ended_before_start() -> dict:
+    info = EventInfo(id="e", filter="red", camera=CAMERA, start_frame=10, start_time=1.0, end_frame=10, peak_score=0.9)
+    header = EventHeader(edge=EDGE, run=RUN, seq=9, phase="end", wall_time=1_700_000_000, event=info)
+    message = header.model_dump(mode="json")
+    message["event"]["end_frame"] = 5
+    return message
 
 
 BAD_MESSAGES = {
@@ -232,6 +241,8 @@ BAD_MESSAGES = {
     "cloud-only kind": encode(Ack(seqs=[1])),
     # JSON nested beyond the parser's depth raised RecursionError, which ended the ingest thread for good
     "nested JSON": [PROTOCOL, b"[" * 60_000, b""],
+    "no JPEG": encode(frame(9), b"garbage"),  # stored, it was served as image/jpeg
+    "ends before it starts": [PROTOCOL, json.dumps(ended_before_start()).encode(), b""],
     "nested fragment header": encode(
         FragmentHeader(edge=EDGE, run=RUN, seq=5, camera=CAMERA, wall_time=1_700_000_000),
         struct.pack(">I", 100_000) + b"[" * 100_000,
@@ -261,8 +272,10 @@ def test_malformed_messages_are_counted_answered_and_ingest_goes_on(make_cloud) 
         assert isinstance(header, Error)
         errors.append(header.message)
     assert "expected 3 frames" in errors[1] and "not JSON" in errors[2] and "invalid header" in errors[3]
-    assert "nested too deeply" in errors[5] and "nested too deeply" in errors[6]
-    client.send(frame(1), b"ok")
+    assert "nested too deeply" in errors[5] and "nested too deeply" in errors[8]
+    assert errors[6] == "malformed message, dropped: a 'frame' message's payload is no JPEG (it starts b'garbage')"
+    assert errors[7].endswith("the event ends at frame 5, before it starts (10)")
+    client.send(frame(1), JPEG_START + b"ok")
     assert client.acked(1) == [1]
     assert stored_seqs(cloud.sessions) == [1]
     assert cloud.ingest.counts["malformed"] == len(BAD_MESSAGES)
@@ -295,7 +308,7 @@ def test_an_oversized_message_disconnects_its_sender_before_it_is_buffered(make_
     client.socket.close()
     assert stored_seqs(cloud.sessions) == []
     other = cloud.client()  # the ingest goes on for everyone else
-    other.send(frame(2), b"jpeg")
+    other.send(frame(2), JPEG_START + b"jpeg")
     assert other.acked(1) == [2]
 
 
@@ -308,7 +321,7 @@ def test_heartbeat_hello_and_event_notifications(make_cloud) -> None:
     client.send(Hello(edge=EDGE, run=RUN, cameras=[CAMERA], filters_version=4))
     info = EventInfo(id="e1", filter="red", camera=CAMERA, start_frame=10, start_time=1.0, peak_score=0.9)
     client.send(EventHeader(edge=EDGE, run=RUN, seq=1, phase="start", wall_time=1_700_000_000, event=info))
-    client.send(frame(2, events=["e1"]), b"jpeg")
+    client.send(frame(2, events=["e1"]), JPEG_START + b"jpeg")
     assert sorted(client.acked(2)) == [1, 2]
     assert [(n.phase, n.event.uid) for n in cloud.notified] == [("start", f"{EDGE}/{RUN}/e1")]
     with cloud.sessions() as session:
@@ -347,13 +360,13 @@ def test_a_message_that_fails_to_store_is_not_acked_and_its_resend_is(make_cloud
     frames_dir = cloud.store.root / "frames"
     frames_dir.write_text("a file where the frames folder goes: every frame write fails")
     client = cloud.client()
-    client.send(frame(1), b"jpeg")
+    client.send(frame(1), JPEG_START + b"jpeg")
     client.send(Heartbeat(sender=EDGE))  # answered: the loop goes on
     header, _ = client.recv()
     assert isinstance(header, Heartbeat)
     assert cloud.ingest.counts["failed"] == 1 and cloud.ingest.counts["acked"] == 0
     frames_dir.unlink()
-    client.send(frame(1), b"jpeg")
+    client.send(frame(1), JPEG_START + b"jpeg")
     assert client.acked(1) == [1]
     assert stored_seqs(cloud.sessions) == [1]
 
@@ -361,10 +374,10 @@ def test_a_message_that_fails_to_store_is_not_acked_and_its_resend_is(make_cloud
 def test_a_batch_with_a_duplicate_in_the_middle_stores_and_acks_them_all(make_cloud) -> None:
     cloud = make_cloud()
     client = cloud.client()
-    client.send(frame(2), b"two")
+    client.send(frame(2), JPEG_START + b"two")
     assert client.acked(1) == [2]
     for seq in (1, 2, 3, 3):
-        client.send(frame(seq), b"jpeg")
+        client.send(frame(seq), JPEG_START + b"jpeg")
     assert client.acked(4) == [1, 2, 3, 3]
     assert stored_seqs(cloud.sessions) == [1, 2, 3]
     assert (cloud.ingest.counts["stored"], cloud.ingest.counts["duplicates"]) == (3, 2)
@@ -375,9 +388,9 @@ def test_a_batch_acks_only_the_messages_it_stored(make_cloud) -> None:
     (cloud.store.root / "frames" / EDGE).mkdir(parents=True)
     (cloud.store.root / "frames" / EDGE / "blocked").write_text("a file where the camera's folder goes")
     client = cloud.client()
-    client.send(frame(1), b"one")
-    client.send(frame(2).model_copy(update={"camera": "blocked"}), b"two")
-    client.send(frame(3), b"three")
+    client.send(frame(1), JPEG_START + b"one")
+    client.send(frame(2).model_copy(update={"camera": "blocked"}), JPEG_START + b"two")
+    client.send(frame(3), JPEG_START + b"three")
     client.send(Heartbeat(sender=EDGE))  # answered after the acks of its pass
     acked: list[int] = []
     while not isinstance(header := client.recv()[0], Heartbeat):
@@ -393,7 +406,7 @@ def test_curve_allowed_edge_is_stored_with_its_key(make_cloud, keys: Keys) -> No
     cloud = make_cloud(keys)
     client = cloud.client(secret)
     client.send(Hello(edge=EDGE, run=RUN, cameras=[CAMERA]))
-    client.send(frame(1), b"jpeg")
+    client.send(frame(1), JPEG_START + b"jpeg")
     assert client.acked(1) == [1]
     with cloud.sessions() as session:
         assert session.get(Edge, EDGE).public_key == load_public(secret).decode()
@@ -436,7 +449,7 @@ def test_curve_key_not_on_the_allow_list_is_refused_until_added(make_cloud, keys
     cloud = make_cloud(keys)
     client = cloud.client(secret)
     monitor = client.socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-    client.send(frame(1, edge="edge-2"), b"jpeg")
+    client.send(frame(1, edge="edge-2"), JPEG_START + b"jpeg")
     assert monitor.poll(TIMEOUT * 1000), "no handshake failure seen"
     assert recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
     assert cloud.ingest.counts["unauthenticated"] >= 1 and cloud.ingest.counts["received"] == 0
@@ -446,7 +459,7 @@ def test_curve_key_not_on_the_allow_list_is_refused_until_added(make_cloud, keys
 
     keys.allow(keys.folder / "edges" / "edge-2.key", "edge-2")  # no restart: the folder is re-read
     allowed = cloud.client(secret)
-    allowed.send(frame(1, edge="edge-2"), b"jpeg")
+    allowed.send(frame(1, edge="edge-2"), JPEG_START + b"jpeg")
     assert allowed.acked(1) == [1]
 
 
@@ -461,7 +474,7 @@ def test_an_edge_whose_key_is_taken_off_the_allow_list_is_refused_on_its_open_co
     seqs = itertools.count(1)
 
     def answer() -> Any:
-        client.send(frame(next(seqs)), b"jpeg")
+        client.send(frame(next(seqs)), JPEG_START + b"jpeg")
         return client.recv()[0]
 
     assert isinstance(answer(), Ack)
@@ -482,12 +495,12 @@ def test_curve_edge_naming_another_edge_is_refused(make_cloud, keys: Keys) -> No
     keys.edge("edge-2")
     cloud = make_cloud(keys)
     client = cloud.client(secret)
-    client.send(frame(1, edge="edge-2"), b"jpeg")
+    client.send(frame(1, edge="edge-2"), JPEG_START + b"jpeg")
     header, _ = client.recv()
     assert isinstance(header, Error) and "belongs to edge 'edge-1'" in header.message
     assert header.seq == 1  # for good: the edge drops it rather than resend it ahead of everything after it
     assert cloud.ingest.counts["unauthenticated"] == 1 and cloud.ingest.counts["acked"] == 0
-    client.send(frame(2), b"jpeg")  # its own id still works
+    client.send(frame(2), JPEG_START + b"jpeg")  # its own id still works
     assert client.acked(1) == [2]
     assert stored_seqs(cloud.sessions) == [2]
 
