@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import pytest
 from edge_site import CAMERA, EDGE, Site, filterforward, finish, make_site
+from sqlalchemy.orm import sessionmaker
 from support import wait_until
 
 from cloud.dataset_folders import DatasetFolders
@@ -103,12 +104,17 @@ def test_footage_request_becomes_a_dataset(site: Site, clip: Path) -> None:
     assert (out / "spec.json").is_file() and (out / "model.onnx").is_file()
 
 
+def footage_storage(folder: Path) -> tuple[sessionmaker, Datasets, Storage]:
+    """A cloud's database, datasets and storage in `folder`, as the ingest stores footage messages."""
+    sessions = session_factory(make_engine(f"sqlite:///{folder / 'cloud.db'}"))
+    datasets = Datasets(sessions, DatasetFolders(folder / "datasets"))
+    return sessions, datasets, Storage(sessions, FrameStore(folder / "store"), datasets)
+
+
 def test_footage_completed_by_a_frame_resent_after_its_done_message(tmp_path: Path) -> None:
     """A frame that failed to store comes back after the request's done message: the batch that stores it completes
     the dataset, which then gets the camera's rate and a labels.csv of every frame."""
-    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
-    datasets = Datasets(sessions, DatasetFolders(tmp_path / "datasets"))
-    storage = Storage(sessions, FrameStore(tmp_path / "store"), datasets)
+    sessions, datasets, storage = footage_storage(tmp_path)
     with sessions.begin() as session:
         session.add(Dataset(name="gate", source="footage", status="recording", edge_id=EDGE, camera=CAMERA,
                             request="gate-1a2b", every=0.0, fps=0.0, regions={}))  # fmt: skip
@@ -139,9 +145,7 @@ def test_footage_completed_by_a_frame_resent_after_its_done_message(tmp_path: Pa
 def test_footage_cut_short_by_a_camera_outage_says_so(tmp_path: Path) -> None:
     """The camera went offline 2 s into a 10 s request and came back after it: the edge counts that time as
     recorded, so the dataset was complete with 5 frames of the 20 asked for and nothing saying why."""
-    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
-    datasets = Datasets(sessions, DatasetFolders(tmp_path / "datasets"))
-    storage = Storage(sessions, FrameStore(tmp_path / "store"), datasets)
+    sessions, datasets, storage = footage_storage(tmp_path)
     jpeg = cv2.imencode(".jpg", np.zeros((48, 64, 3), np.uint8))[1].tobytes()
     seqs = itertools.count(1)  # the cloud stores a message once per (edge, seq)
 
@@ -177,9 +181,7 @@ def test_footage_frames_that_cannot_be_the_datasets_are_dropped(
 ) -> None:
     """Frames past the number asked for and of another size went into the dataset's images (its archive shipped
     them to trainers; 4 frames of a request for 3, one 640x480 among 64x48)."""
-    sessions = session_factory(make_engine(f"sqlite:///{tmp_path / 'cloud.db'}"))
-    datasets = Datasets(sessions, DatasetFolders(tmp_path / "datasets"))
-    storage = Storage(sessions, FrameStore(tmp_path / "store"), datasets)
+    sessions, datasets, storage = footage_storage(tmp_path)
     with sessions.begin() as session:
         session.add(Dataset(name="few", source="footage", status="recording", edge_id=EDGE, camera=CAMERA,
                             request="few-1a2b", max_frames=3, fps=2.0, regions={}))  # fmt: skip
