@@ -106,6 +106,7 @@ class Spool:
 
     def _open(self) -> None:
         """Open the file and read its state: a damaged file may pass the open and fail only on the first read."""
+        self._first_at_close: int | None = None
         self._db = _connect(self.path)
         try:
             self._next_seq = self._load_next_seq()
@@ -132,9 +133,13 @@ class Spool:
     @property
     def first_seq(self) -> int:
         """The oldest seq still held (the next one when it is empty): every seq below it was acknowledged or dropped,
-        so it is never sent again (the cloud forgets those keys: edge.uplink's stats report it)."""
+        so it is never sent again (the cloud forgets those keys: edge.uplink's stats report it). After close, the
+        one it had then (stats are read after the uplink closes)."""
         with self._lock:
-            oldest = self._db.execute("SELECT MIN(seq) FROM messages").fetchone()[0]
+            return self._first_seq() if self._first_at_close is None else self._first_at_close
+
+    def _first_seq(self) -> int:
+        oldest = self._db.execute("SELECT MIN(seq) FROM messages").fetchone()[0]
         return self._next_seq if oldest is None else oldest
 
     def append(self, build: Callable[[int], Frames], mark: Mark | None = None, keep: bool = False) -> int | None:
@@ -213,6 +218,7 @@ class Spool:
         with self._lock:
             if self._unreported:
                 self._report_drops()
+            self._first_at_close = self._first_seq()
             self._db.close()
 
     # -- writing ----------------------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from cloud.framestore import FrameStore
 from cloud.ingest import Ingest
 from cloud.storage import Storage
 from common.files import TEMPORARY
-from common.protocol import Ack, EventHeader, EventInfo, FrameHeader, Heartbeat, Hello, decode, encode
+from common.protocol import JPEG_START, Ack, EventHeader, EventInfo, FrameHeader, Heartbeat, Hello, decode, encode
 from edge.spool import DISK_HEADROOM, Spool
 from models.bundle import write_bundle
 
@@ -436,16 +436,16 @@ def test_ingest_on_a_full_frame_store_counts_asks_for_retention_and_acks_only_wh
         try:
             with caplog.at_level(logging.INFO, logger="cloud.ingest"):
                 # A frame refused, an event start (no file: stored), two more frames refused: one episode.
-                dealer.send_multipart(encode(frame(1), b"\xff" * 10_000))
+                dealer.send_multipart(encode(frame(1), JPEG_START + b"\xff" * 9_997))
                 dealer.send_multipart(encode(event_start(4)))
                 for seq in (2, 3):
-                    dealer.send_multipart(encode(frame(seq), b"\xff" * 10_000))
+                    dealer.send_multipart(encode(frame(seq), JPEG_START + b"\xff" * 9_997))
                 wait_until(lambda: ingest.counts["disk_full"] == 3, "three refusals")
                 assert sweeps == [1] and ingest.counts["failed"] == 0  # one early sweep for the episode
 
                 filler.unlink()
                 for seq in (1, 2, 3):  # what the edge does: send the unacknowledged ones again
-                    dealer.send_multipart(encode(frame(seq), b"\xff" * 10_000))
+                    dealer.send_multipart(encode(frame(seq), JPEG_START + b"\xff" * 9_997))
                 acked: list[int] = []
                 while len(acked) < 4:
                     assert dealer.poll(WAIT * 1000)

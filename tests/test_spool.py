@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from common.protocol import FrameHeader, decode, encode
+from common.protocol import JPEG_START, FrameHeader, decode, encode
 from edge.spool import FILE_NAME, Spool
 from models.errors import FilterForwardError
 
@@ -24,7 +24,7 @@ def message(size: int = 100) -> Callable[[int], list[bytes]]:
         header = FrameHeader(
             edge="e1", run="r1", seq=seq, camera="cam", frame=0, timestamp=0.0, wall_time=1.0, scores={}
         )
-        return encode(header, b"x" * size)
+        return encode(header, JPEG_START + b"x" * (size - len(JPEG_START)))
 
     return build
 
@@ -38,6 +38,7 @@ def test_seqs_increase_and_survive_reopening_even_when_emptied(tmp_path: Path) -
     assert spool.ack(seqs) == 1 and spool.messages == 0 and spool.bytes == 0
     assert spool.first_seq == seqs[-1] + 1  # empty: nothing below the next seq comes again
     spool.close()
+    assert spool.first_seq == seqs[-1] + 1  # stats are read after the uplink closed
 
     reopened = Spool(tmp_path, 10**6)
     assert reopened.last_seq == seqs[-1]
@@ -84,7 +85,7 @@ def test_the_header_carries_the_seq_it_is_stored_under_and_resends_are_identical
     seq = spool.append(message(50))
     stored = spool.get(seq)
     header, payload = decode(stored)
-    assert header.seq == seq and payload == b"x" * 50
+    assert header.seq == seq and payload == JPEG_START + b"x" * 47
     assert stored == message(50)(seq)
     assert spool.after(0, 10) == [(seq, stored)]
     spool.close()
@@ -208,12 +209,12 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from common.protocol import FrameHeader, encode
+    from common.protocol import JPEG_START, FrameHeader, encode
     from edge.spool import Spool
 
     def build(seq):
         header = FrameHeader(edge="e1", run="r1", seq=seq, camera="c", frame=0, timestamp=0, wall_time=1, scores={})
-        return encode(header, b"x" * 2000)
+        return encode(header, JPEG_START + b"x" * 1997)
 
     spool = Spool(Path(sys.argv[1]), 10**9)
     while True:
