@@ -19,7 +19,7 @@ from models.cache import write_whole
 from models.errors import FilterForwardError, validation_summary
 from models.filterspec import FilterSpec
 from models.mc_kinds import MC_KINDS, MCKind
-from models.mc_limits import check_graph, run_with_deadline
+from models.mc_limits import check_graph, check_self_contained, run_with_deadline
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,10 @@ def check_mc_model(spec: FilterSpec, onnx_bytes: bytes, tap_shape_chw: tuple[int
 def _load(onnx_bytes: bytes) -> onnx.ModelProto:
     try:
         model = onnx.load_model_from_string(onnx_bytes)
+        check_self_contained(model)  # before the checker, which would look for the files
         onnx.checker.check_model(model)
+    except FilterForwardError:
+        raise
     except Exception as exc:  # protobuf and the checker raise several unrelated types for a bad file
         raise FilterForwardError(f"the MC model is not a valid ONNX file ({_first_line(exc)}); re-export it") from None
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)

@@ -46,6 +46,14 @@ def check_graph(model: onnx.ModelProto, inputs: dict[str, tuple[int, ...]]) -> N
             )
 
 
+def check_self_contained(model: onnx.ModelProto) -> None:
+    """Refuse weights kept in files beside the model: an upload has none, and the paths would be read on the cloud's
+    disk (whether a file exists there changed the error an uploader got back)."""
+    tensors = [*model.graph.initializer, *(a.t for node in _nodes(model.graph) for a in node.attribute if a.t.name)]
+    if any(tensor.data_location == onnx.TensorProto.EXTERNAL for tensor in tensors):
+        raise FilterForwardError("the MC model keeps weights in external files: export it with its weights inside")
+
+
 def run_with_deadline(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     """session.run, stopped (FilterForwardError) if it takes over DRY_RUN_SECONDS."""
     options = ort.RunOptions()

@@ -202,6 +202,22 @@ def test_models_that_loop_or_grow_huge_tensors_are_refused_before_they_run(local
     )
 
 
+@pytest.mark.parametrize("location", ["etc/passwd", "cloud.yaml", "../secret.bin"])
+def test_a_model_with_external_weights_is_refused_without_looking_for_them(
+    localized: tuple[FilterSpec, bytes], location: str
+) -> None:
+    """The checker looked for the files on the cloud's disk: whether one existed changed the error an uploader got."""
+    spec, onnx_bytes = localized
+    model = onnx.load_model_from_string(onnx_bytes)
+    weights = model.graph.initializer[0]
+    weights.ClearField("raw_data")
+    weights.data_location = onnx.TensorProto.EXTERNAL
+    weights.external_data.add(key="location", value=location)
+    with pytest.raises(FilterForwardError) as refused:
+        check_mc_model(spec, model.SerializeToString(), tap_shape("mid"))
+    assert str(refused.value) == "the MC model keeps weights in external files: export it with its weights inside"
+
+
 def test_a_dry_run_that_takes_too_long_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
     features = onnx.helper.make_tensor_value_info("features", onnx.TensorProto.FLOAT, [1, 40, 9, 10])
     score = onnx.helper.make_tensor_value_info("score", onnx.TensorProto.FLOAT, [])
