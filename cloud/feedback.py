@@ -107,8 +107,9 @@ class Feedback:
         only what is missing). Frames of another size than the dataset's (a cropped upload) are refused, all or
         nothing: with several chunks, every image's size is checked before the first chunk is added."""
         chunks = [ids[start : start + CHUNK] for start in range(0, len(ids), CHUNK)]
-        for chunk in chunks if len(chunks) > 1 else []:  # (one chunk: append checks it)
-            self._datasets.check_size(dataset, self._read(chunk), whose)
+        if len(chunks) > 1:  # (one chunk: append checks it)
+            for chunk in chunks:
+                self._datasets.check_size(dataset, self._read(chunk), whose)
         added = labelled = 0
         for chunk in chunks:
             frames = self._read(chunk)

@@ -26,6 +26,11 @@ def get_and_head(router: Any, path: str, **options: Any) -> Callable[[Endpoint],
     return register
 
 
+def media(media_type: str, description: str) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of a route that answers with a file of this type."""
+    return {200: {"content": {media_type: {}}, "description": description}}
+
+
 def ranged(request: Request, body: bytes, media_type: str, headers: dict[str, str] | None = None) -> Response:
     """The body, or the one byte range the request's Range header asks for: 206 with its Content-Range, 416 for a
     range that starts past the end. A header of another form (several ranges, other units) gets the whole body, as

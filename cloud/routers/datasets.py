@@ -15,7 +15,7 @@ from sqlalchemy import select
 from cloud.auth import require
 from cloud.datasets import DatasetError, Datasets, EventCounts
 from cloud.db import Dataset
-from cloud.media_responses import get_and_head
+from cloud.media_responses import get_and_head, media
 from cloud.routers import FORM_OVERHEAD, DatasetsDep, EachPartOnce, SessionDep, body_limit_route
 from cloud.schemas import Number, UtcDatetime, errors
 from common.protocol import ID_PATTERN
@@ -170,7 +170,7 @@ def delete_dataset(name: DatasetName, datasets: DatasetsDep) -> None:
     "/{name}/frames/{number}.jpg",
     dependencies=[Reader],
     response_class=FileResponse,
-    responses={200: {"content": {"image/jpeg": {}}, "description": "the frame"}},
+    responses=media("image/jpeg", "the frame"),
 )
 def get_frame(
     name: DatasetName, number: Annotated[int, Path(ge=0, le=2**31 - 1)], datasets: DatasetsDep

@@ -26,7 +26,7 @@ from cloud.clips import encode_clip
 from cloud.db import Event, EventFrame, StoredFrame, as_utc, thumbnail_of
 from cloud.framestore import FrameStore
 from cloud.links import clip_path, frame_path
-from cloud.media_responses import get_and_head, ranged
+from cloud.media_responses import get_and_head, media, ranged
 from cloud.routers import SessionDep, StoreDep, not_found
 from cloud.schemas import EventOut, EventPage, FrameOut, errors
 from models.errors import FilterForwardError
@@ -124,18 +124,17 @@ def event_frames(event_id: RowId, session: SessionDep) -> list[FrameOut]:
     ]
 
 
-@get_and_head(
-    router,
-    "/frames/{frame_id}.jpg",
-    response_class=Response,
-    responses={
-        200: {
-            "content": {"image/jpeg": {}},
-            "description": f"the frame as sent, or decoded from its stream; {CROP_HEADER} says which part of the "
-            "camera's frame a cropped stream's image shows",
-        }
-    },
+FRAME_IMAGE = (
+    f"the frame as sent, or decoded from its stream; {CROP_HEADER} says which part of the camera's frame a cropped "
+    "stream's image shows"
 )
+EVENT_CLIP = (
+    f"the edge's clip, or one made from its frames or its camera's stream; {EVENT_START_HEADER} says how many "
+    "seconds into it the event begins"
+)
+
+
+@get_and_head(router, "/frames/{frame_id}.jpg", response_class=Response, responses=media("image/jpeg", FRAME_IMAGE))
 def frame_image(frame_id: RowId, request: Request, session: SessionDep, store: StoreDep) -> Response:
     frame = session.get(StoredFrame, frame_id)
     if frame is None:
@@ -152,18 +151,7 @@ def frame_image(frame_id: RowId, request: Request, session: SessionDep, store: S
     return ranged(request, data, "image/jpeg", headers)
 
 
-@get_and_head(
-    router,
-    "/events/{event_id}/clip.mp4",
-    response_class=Response,
-    responses={
-        200: {
-            "content": {"video/mp4": {}},
-            "description": f"the edge's clip, or one made from its frames or its camera's stream; {EVENT_START_HEADER} "
-            "says how many seconds into it the event begins",
-        }
-    },
-)
+@get_and_head(router, "/events/{event_id}/clip.mp4", response_class=Response, responses=media("video/mp4", EVENT_CLIP))
 def event_clip(event_id: RowId, request: Request, session: SessionDep, store: StoreDep) -> Response:
     event = _event(session, event_id)
     starts_at_0 = {EVENT_START_HEADER: "0.000"}
